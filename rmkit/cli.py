@@ -1,0 +1,44 @@
+"""`rmkit` command line: one entry point, one module per subcommand.
+
+Each subcommand module exposes `main(argv: list[str]) -> int` with its own argparse parser; modules are
+imported only when their subcommand runs, so `rmkit data check` does not pay for the training stack.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+from rmkit.errors import UserError
+
+SUBCOMMANDS = {
+    "train": ("rmkit.train.cli", "train a reward model from a YAML config"),
+    "eval": ("rmkit.evaluate", "validation metrics of a model directory on a preference file"),
+    "score": ("rmkit.score", "write each record of a file back with its reward(s)"),
+    "serve": ("rmkit.serve.cli", "HTTP scoring server for RL trainers"),
+    "data": ("rmkit.data.cli", "check and inspect preference data files"),
+}
+
+USAGE = "usage: rmkit {" + ",".join(SUBCOMMANDS) + "} ...\n\n" + "\n".join(
+    f"  {name:<6} {help_}" for name, (_, help_) in SUBCOMMANDS.items()
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"rmkit: unknown command '{name}'\n{USAGE}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    try:
+        return module.main(rest)
+    except UserError as err:
+        print(f"rmkit {name}: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"rmkit {name}: interrupted", file=sys.stderr)
+        return 130

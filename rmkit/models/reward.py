@@ -1,0 +1,103 @@
+"""Load a transformers backbone as a reward model and read its reward.
+
+The reward of a row is the score head applied to the hidden state of the row's last token that the
+attention mask marks as real (DESIGN.md). Decoder classifiers in transformers pool "the rightmost token
+that is not pad_token_id" instead; `ensure_pad_token` gives every decoder a pad token that never ends
+a real sequence, so plain `AutoModelForSequenceClassification` reproduces rmkit's rewards on an
+exported model. Encoder classifiers (BERT family) keep their own pooler (the [CLS] token).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+
+PAD_TOKEN = "<|rmkit_pad|>"
+
+
+def find_gguf_file(name_or_path: str | Path) -> str | None:
+    """The single `*.gguf` file in a local directory, or None (hub ids and safetensors directories)."""
+    path = Path(name_or_path)
+    files = sorted(path.glob("*.gguf")) if path.is_dir() else []
+    return files[0].name if files else None
+
+
+def load_tokenizer(name_or_path: str | Path, chat_template: str | None = None):
+    """Tokenizer from a directory or hub id (GGUF directories included); `chat_template` overrides."""
+    gguf_file = find_gguf_file(name_or_path)
+    kwargs = {"gguf_file": gguf_file} if gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(str(name_or_path), **kwargs)
+    if chat_template is not None:
+        tokenizer.chat_template = chat_template
+    tokenizer.padding_side = "right"
+    return tokenizer
+
+
+def uses_last_token_pooling(model: PreTrainedModel) -> bool:
+    """True for decoder-style classifiers (a `score` head over every position), False for encoders."""
+    return hasattr(model, "score") and hasattr(model, model.base_model_prefix)
+
+
+def ensure_pad_token(model: PreTrainedModel, tokenizer) -> None:
+    """Give the tokenizer and model config a pad token that cannot be mistaken for a real last token.
+
+    Encoders keep theirs. A decoder whose pad is missing or equals eos/bos (a real sequence may end
+    with eos) gets the tokenizer's unk token when that is distinct, else a new `<|rmkit_pad|>` token;
+    the embedding matrix grows by one row, which changes no other token's output.
+    """
+    special = {tokenizer.eos_token_id, tokenizer.bos_token_id}
+    pad = tokenizer.pad_token_id
+    needs_new = pad is None or (uses_last_token_pooling(model) and pad in special)
+    if needs_new:
+        unk = tokenizer.unk_token_id
+        if unk is not None and unk not in special:
+            tokenizer.pad_token = tokenizer.unk_token
+        else:
+            tokenizer.add_special_tokens({"pad_token": PAD_TOKEN})
+            model.resize_token_embeddings(len(tokenizer))
+    model.config.pad_token_id = tokenizer.pad_token_id
+    text_config = model.config.get_text_config()
+    text_config.pad_token_id = tokenizer.pad_token_id
+
+
+def load_reward_model(
+    name_or_path: str | Path,
+    num_labels: int | None = None,
+    dtype: torch.dtype = torch.float32,
+    chat_template: str | None = None,
+):
+    """Load `(model, tokenizer)` as a sequence classifier with `num_labels` reward outputs.
+
+    `num_labels=None` keeps the checkpoint's own head size (a saved reward model); an integer builds
+    a fresh head of that size on a backbone. GGUF directories (one `*.gguf` file) load too.
+    """
+    gguf_file = find_gguf_file(name_or_path)
+    kwargs = {"dtype": dtype}
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    if num_labels is not None:
+        kwargs["num_labels"] = num_labels
+    model = AutoModelForSequenceClassification.from_pretrained(str(name_or_path), **kwargs)
+    tokenizer = load_tokenizer(name_or_path, chat_template=chat_template)
+    ensure_pad_token(model, tokenizer)
+    return model, tokenizer
+
+
+def compute_rewards(
+    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> torch.Tensor:
+    """Rewards `[B, K]` in float32 for right-padded `input_ids` / `attention_mask` `[B, S]`.
+
+    Decoders: the score head on the hidden state at each row's last real token (the head runs on B
+    vectors, not on all B x S positions). Encoders: the model's own pooled logits.
+    """
+    if not uses_last_token_pooling(model):
+        return model(input_ids=input_ids, attention_mask=attention_mask).logits.float()
+    backbone = getattr(model, model.base_model_prefix)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+    last = (positions * attention_mask.to(positions.dtype)).argmax(dim=1)
+    last_hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
+    return model.score(last_hidden).float()

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Create .venv in the repository root and install rmkit with everything its tests and the default run use.
+# Idempotent: a second run only checks what is there. torch is pinned to the CPU build that this machine
+# serves from its local wheel cache; on a GPU machine install the torch build you need first (any 2.x
+# >= 2.2 satisfies rmkit) and this script keeps it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+    .venv/bin/pip install -q "torch==2.13.0"
+fi
+.venv/bin/pip install -q -e ".[all]"
