@@ -1,0 +1,62 @@
+"""Score many token sequences at once: sorted by length, packed into token-budgeted batches."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import PreTrainedModel
+
+from rmkit.models.reward import compute_rewards
+
+
+def length_sorted_batches(
+    lengths: Sequence[int], max_batch_tokens: int, max_batch_size: int
+) -> list[list[int]]:
+    """Indices grouped into batches of similar length whose padded size `rows x longest` stays
+    within `max_batch_tokens` (a single longer sequence still gets a batch of its own)."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+    batches: list[list[int]] = []
+    for index in order:
+        batch = batches[-1] if batches else None
+        # Sorted descending, so the first row of a batch is its longest.
+        if batch and len(batch) < max_batch_size and (len(batch) + 1) * lengths[batch[0]] <= max_batch_tokens:
+            batch.append(index)
+        else:
+            batches.append([index])
+    return batches
+
+
+def pad_right(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`input_ids` and `attention_mask` `[B, S]`, padded on the right to the longest sequence."""
+    width = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        input_ids[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+        attention_mask[row, : len(seq)] = 1
+    return input_ids, attention_mask
+
+
+@torch.inference_mode()
+def score_sequences(
+    model: PreTrainedModel,
+    sequences: Sequence[Sequence[int]],
+    pad_token_id: int,
+    max_batch_tokens: int = 16384,
+    max_batch_size: int = 256,
+) -> torch.Tensor:
+    """Rewards `[N, K]` (float32, on CPU) for N token sequences, in the order given.
+
+    Batching changes only which rows share a forward pass; each row's reward is read at its own last
+    real token, so the result does not depend on `max_batch_tokens` beyond float rounding.
+    """
+    device = next(model.parameters()).device
+    lengths = [len(s) for s in sequences]
+    rewards: list[torch.Tensor | None] = [None] * len(sequences)
+    for batch in length_sorted_batches(lengths, max_batch_tokens, max_batch_size):
+        input_ids, attention_mask = pad_right([sequences[i] for i in batch], pad_token_id)
+        out = compute_rewards(model, input_ids.to(device), attention_mask.to(device)).cpu()
+        for row, index in enumerate(batch):
+            rewards[index] = out[row]
+    return torch.stack(rewards) if rewards else torch.zeros((0, model.config.num_labels))
