@@ -1,0 +1,151 @@
+"""Scoring throughput: rmkit's batch scorer against transformers' `pipeline("text-classification")`.
+
+One exported reward model (default: MiniLM with a seeded 1-label head; `--model DIR` for a trained one),
+the held-out pairs of `hh_harmless_val.jsonl`, each pair scored as two texts (prompt + chosen, prompt +
+rejected). Timed, after the model is loaded and warmed up, in this one process:
+
+- `rmkit`: tokenization (`tokenize_pairs`, as `rmkit score` does) plus `score_sequences` (length-sorted,
+  token-budgeted batches, inference mode);
+- `pipeline bs=1`: one text per pipeline call, the way most scripts use it;
+- `pipeline bs=B`: the whole list in one call with the pipeline's own `batch_size` batching;
+- `rmkit score` (the CLI, `--cli`): the whole command as a subprocess, start-up and model loading included.
+
+Pairs/s are medians over `--repeats`; the ratio is rmkit over the pipeline's best setting.
+
+    python benchmarks/score_throughput.py
+    python benchmarks/score_throughput.py --pairs 64 --batch-sizes 1,16 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from benchmarks import common  # noqa: E402
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", type=Path, help="exported reward model (default: MiniLM, seeded head)")
+    parser.add_argument("--data", type=Path, default=common.DEFAULT_DATA_DIR / "hh_harmless_val.jsonl")
+    parser.add_argument("--pairs", type=int, help="score the first N pairs (default: all)")
+    parser.add_argument("--batch-sizes", default="1,8,32,64", help="pipeline settings; 1 = one text per call")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cli", action="store_true", help="also time the `rmkit score` command end to end")
+    parser.add_argument("--output", type=Path, default=common.REPO_ROOT / "benchmarks" / "results" / "score_throughput.json")
+    args = parser.parse_args(argv)
+    args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
+    return args
+
+
+def rmkit_scores(model, tokenizer, records, max_length: int) -> torch.Tensor:
+    """Rewards `[2N]` interleaved `[c0, r0, ...]`: tokenization and batch scoring, as `rmkit score` does."""
+    from rmkit.data.tokenize import tokenize_pairs
+    from rmkit.models import score_sequences
+
+    tokenized = tokenize_pairs(records, tokenizer, max_length, overlong="truncate")
+    rows = [seq for p in tokenized.pairs for seq in (p.chosen_ids, p.rejected_ids)]
+    return score_sequences(model, rows, tokenizer.pad_token_id)[:, 0]
+
+
+def pipeline_scores(pipe, texts: list[str], batch_size: int, max_length: int) -> torch.Tensor:
+    """Raw scores `[len(texts)]` from the pipeline; batch size 1 calls it once per text."""
+    kwargs = {"truncation": True, "max_length": max_length, "function_to_apply": "none"}
+    if batch_size == 1:
+        outputs = [pipe(text, **kwargs)[0] for text in texts]
+    else:
+        outputs = pipe(texts, batch_size=batch_size, **kwargs)
+    return torch.tensor([out["score"] for out in outputs])
+
+
+def timed(fn, repeats: int) -> tuple[float, object]:
+    """Median seconds of `repeats` calls of `fn()` and the last result."""
+    times, result = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        times.append(time.perf_counter() - start)
+    return common.median(times), result
+
+
+def time_cli(model_dir: Path, data: Path, threads: int) -> float:
+    """Wall seconds of `python -m rmkit score` on `data`, process start-up and model loading included."""
+    env = {**os.environ, "PYTHONPATH": str(common.REPO_ROOT), "OMP_NUM_THREADS": str(threads)}
+    with tempfile.TemporaryDirectory() as tmp:
+        command = [sys.executable, "-m", "rmkit", "score", "--model", str(model_dir), "--input", str(data),
+                   "--output", str(Path(tmp) / "scored.jsonl")]  # fmt: skip
+        start = time.perf_counter()
+        subprocess.run(command, env=env, check=True, capture_output=True)
+        return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    from transformers import pipeline
+
+    from rmkit.data import load_preference_data
+    from rmkit.models import load_reward_model
+
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    torch.set_num_threads(args.threads)
+    info = common.machine_info()
+    model_dir = args.model or common.export_reward_model(
+        common.minilm_path(), Path(tempfile.gettempdir()) / "rmkit-score-bench-model", seed=0
+    )
+    records = load_preference_data(args.data).records[: args.pairs]
+    data_file = args.data
+    if args.pairs:  # the CLI reads a file: give it exactly the pairs scored in process
+        data_file = Path(tempfile.gettempdir()) / "rmkit-score-bench.jsonl"
+        data_file.write_text("".join(args.data.read_text().splitlines(keepends=True)[: args.pairs]))
+    texts = [r.prompt + response for r in records for response in (r.chosen, r.rejected)]
+    model, tokenizer = load_reward_model(model_dir)
+    model.eval()
+    pipe = pipeline("text-classification", model=model, tokenizer=tokenizer, device="cpu")
+
+    # Warm up both paths (first-call allocations, kernel selection) outside the timings.
+    rmkit_scores(model, tokenizer, records[:4], args.max_length)
+    pipeline_scores(pipe, texts[:8], 1, args.max_length)
+
+    results = {}
+    seconds, rewards = timed(lambda: rmkit_scores(model, tokenizer, records, args.max_length), args.repeats)
+    results["rmkit"] = {"seconds": seconds, "pairs_per_s": len(records) / seconds}
+    # The pipeline truncates on the right, rmkit as its data contract says: compare where neither truncates.
+    fits = torch.tensor([len(ids) <= args.max_length for ids in tokenizer(texts).input_ids])
+    max_diff = 0.0
+    for batch_size in args.batch_sizes:
+        seconds, scores = timed(lambda b=batch_size: pipeline_scores(pipe, texts, b, args.max_length), args.repeats)
+        results[f"pipeline_bs{batch_size}"] = {"seconds": seconds, "pairs_per_s": len(records) / seconds}
+        max_diff = max(max_diff, (scores - rewards)[fits].abs().max().item())
+    best = max((v for k, v in results.items() if k.startswith("pipeline")), key=lambda v: v["pairs_per_s"])
+    results["ratio_rmkit_over_best_pipeline"] = results["rmkit"]["pairs_per_s"] / best["pairs_per_s"]
+    if args.cli:
+        seconds = time_cli(model_dir, data_file, args.threads)
+        results["rmkit_score_cli"] = {"seconds": seconds, "pairs_per_s": len(records) / seconds}
+    payload = {
+        "command": "python benchmarks/score_throughput.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "machine": info,
+        "model": str(model_dir),
+        "data": str(args.data),
+        "pairs": len(records),
+        "threads": args.threads,
+        "max_abs_reward_difference_vs_pipeline": max_diff,
+        "results": results,
+    }
+    common.write_json(args.output, payload)
+    print(json.dumps(payload["results"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

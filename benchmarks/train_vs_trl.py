@@ -1,0 +1,338 @@
+"""Train one reward model twice, with TRL's `RewardTrainer` and with `rmkit train`, and compare.
+
+Same backbone (exported once, so both start from the same weights, head and pad token), same pairs
+(tokenized once by rmkit with truncation, so neither side drops any), same hyperparameters (global batch
+16, AdamW lr 5e-5 with betas (0.9, 0.999), eps 1e-8, no weight decay, constant schedule, no warmup, grad
+clip 1.0, one epoch, dropout off), the same thread count. Each run is a fresh subprocess, and repeats
+alternate which side goes first to cancel drift. For every run it records:
+
+- train time: from the first training forward to the end of the last optimizer step, measured by the same
+  global hooks in both trainers (model loading, tokenization and saving are outside it; `wall_s` is the
+  whole subprocess);
+- pairs/s and real (non-padding) tokens/s over that time, the padding fraction (tokens that went through
+  the word embeddings but were padding), and the peak RSS of the subprocess;
+- held-out pairwise accuracy of the saved model, scored for both by `rmkit.models.score_sequences`;
+- MFU = 6 x non-embedding parameters x real tokens / train time, against the matmul peak measured in this
+  run for that precision.
+
+    python benchmarks/train_vs_trl.py                                  # MiniLM, all 1504 pairs, fp32 and bf16
+    python benchmarks/train_vs_trl.py --pairs 256 --repeats 3 --precision fp32
+    python benchmarks/train_vs_trl.py --workload smollm2               # SmolLM2-135M decoder, 128 pairs
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
+
+from benchmarks import common  # noqa: E402
+
+WORKLOADS = {
+    # name: (backbone, default train pairs, default held-out pairs)
+    "minilm": (common.minilm_path, None, None),
+    "smollm2": (common.smollm2_path, 128, 100),
+}
+SIDES = ("trl", "rmkit")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="minilm")
+    parser.add_argument("--backbone", type=Path, help="another backbone directory than the workload's")
+    parser.add_argument("--pairs", type=int, help="train on the first N pairs (default: all; 128 for smollm2)")
+    parser.add_argument("--eval-pairs", type=int, help="held-out pairs to score (default: all; 100 for smollm2; 0: skip)")
+    parser.add_argument("--repeats", type=int, default=1, help="runs per side and precision (accuracy: first only)")
+    parser.add_argument("--precision", default="fp32,bf16", help="comma list of fp32, bf16")
+    parser.add_argument("--sides", default="trl,rmkit", help="comma list of trl, rmkit")
+    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--batch-size", type=int, default=16, help="global batch, in pairs")
+    parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR)
+    parser.add_argument("--work-dir", type=Path, help="scratch directory (default: /tmp/rmkit-bench-WORKLOAD)")
+    parser.add_argument("--output", type=Path, help="results JSON (default: benchmarks/results/train_vs_trl[_WORKLOAD].json)")
+    args = parser.parse_args(argv)
+    backbone, pairs, eval_pairs = WORKLOADS[args.workload]
+    args.backbone = args.backbone or backbone()
+    args.pairs = args.pairs if args.pairs is not None else pairs
+    args.eval_pairs = args.eval_pairs if args.eval_pairs is not None else eval_pairs
+    args.precision = [p for p in args.precision.split(",") if p]
+    args.sides = [s for s in args.sides.split(",") if s]
+    if not set(args.precision) <= set(DTYPES) or not set(args.sides) <= set(SIDES):
+        parser.error("--precision takes fp32,bf16 and --sides takes trl,rmkit")
+    args.work_dir = args.work_dir or Path(f"/tmp/rmkit-bench-{args.workload}")
+    suffix = "" if args.workload == "minilm" else f"_{args.workload}"
+    args.output = args.output or common.REPO_ROOT / "benchmarks" / "results" / f"train_vs_trl{suffix}.json"
+    return args
+
+
+# ---------------------------------------------------------------- measurement inside a training process
+
+
+class StepClock:
+    """Times a training run from the outside through global hooks, identically for any trainer.
+
+    `start` is the first forward of a word-embedding table in training mode with grad enabled, `end` the
+    last optimizer step; `computed_tokens` counts every id (padding included) those forwards embedded.
+    """
+
+    def __init__(self) -> None:
+        self.start: float | None = None
+        self.end: float | None = None
+        self.steps = 0
+        self.computed_tokens = 0
+        self._handles = [
+            torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward),
+            register_optimizer_step_post_hook(self._on_step),
+        ]
+
+    def _on_forward(self, module, inputs) -> None:
+        # Word tables only (position and token-type tables are small); eval forwards run without grad.
+        if not isinstance(module, torch.nn.Embedding) or module.num_embeddings < 1024:
+            return
+        if module.training and torch.is_grad_enabled() and inputs and isinstance(inputs[0], torch.Tensor):
+            self.start = self.start or time.perf_counter()
+            self.computed_tokens += inputs[0].numel()
+
+    def _on_step(self, optimizer, args, kwargs) -> None:
+        # Wrappers (accelerate's AcceleratedOptimizer) forward to a torch optimizer: count that one only.
+        if type(optimizer).__module__.startswith("torch."):
+            self.steps += 1
+            self.end = time.perf_counter()
+
+    def close(self) -> dict:
+        for handle in self._handles:
+            handle.remove()
+        return {
+            "train_s": (self.end - self.start) if self.start and self.end else None,
+            "optimizer_steps": self.steps,
+            "computed_tokens": self.computed_tokens,
+        }
+
+
+def train_trl(spec: dict) -> None:
+    """TRL's RewardTrainer with its defaults, except the matched hyperparameters and no gradient checkpointing."""
+    from datasets import Dataset
+    from trl import RewardConfig, RewardTrainer
+
+    from rmkit.models import load_reward_model
+
+    model, tokenizer = load_reward_model(spec["model_dir"])
+    tokens = json.loads(Path(spec["train_tokens"]).read_text())
+    dataset = Dataset.from_dict({"chosen_ids": tokens["chosen"], "rejected_ids": tokens["rejected"]})
+    config = RewardConfig(
+        output_dir=spec["out_dir"],
+        per_device_train_batch_size=spec["batch_size"],
+        gradient_accumulation_steps=1,
+        learning_rate=spec["lr"],
+        num_train_epochs=1,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.999,
+        adam_epsilon=1e-8,
+        max_grad_norm=1.0,
+        max_length=spec["max_length"],
+        bf16=spec["precision"] == "bf16",
+        # TRL defaults to gradient checkpointing; rmkit does not, so both run without it.
+        gradient_checkpointing=False,
+        use_cpu=True,
+        seed=spec["seed"],
+        report_to="none",
+        save_strategy="no",
+        eval_strategy="no",
+        disable_tqdm=True,
+    )
+    trainer = RewardTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
+    if len(trainer.train_dataset) != len(dataset):
+        raise SystemExit("TRL dropped pairs: pre-tokenization must keep every pair within max_length")
+    trainer.train()
+    trainer.save_model(spec["model_out"])
+    tokenizer.save_pretrained(spec["model_out"])
+
+
+def rmkit_config(spec: dict) -> dict:
+    """The `rmkit train` config matching TRL's run (constant lr, no validation, final model only)."""
+    return {
+        "rm": {"max_num_epochs": 1, "seed": spec["seed"], "val_at_start": False, "val_period": 0},
+        "policy": {
+            "model_name": spec["model_dir"],
+            "train_global_batch_size": spec["batch_size"],
+            "train_micro_batch_size": spec["batch_size"],
+            "max_total_sequence_length": spec["max_length"],
+            "precision": {"fp32": "float32", "bf16": "bfloat16"}[spec["precision"]],
+            "optimizer": {"lr": spec["lr"], "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8},
+            "scheduler": {"name": "constant", "warmup_steps": 0},
+            "max_grad_norm": 1.0,
+        },
+        "data": {"train_data_path": spec["train_jsonl"], "val_data_paths": {}},
+        "checkpointing": {"enabled": True, "checkpoint_dir": spec["out_dir"]},
+        "logger": {"log_dir": spec["out_dir"] + "/logs", "tensorboard": False},
+    }
+
+
+def train_rmkit(spec: dict) -> None:
+    """`rmkit train` through its CLI entry point, in this process so the hooks see it."""
+    import yaml
+
+    from rmkit.cli import main as rmkit_main
+
+    config_path = Path(spec["out_dir"]) / "bench.yaml"
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    config_path.write_text(yaml.safe_dump(rmkit_config(spec), sort_keys=False))
+    status = rmkit_main(["train", "--config", str(config_path)])
+    if status != 0:
+        raise SystemExit(f"rmkit train exited with status {status}")
+    shutil.move(str(Path(spec["out_dir"]) / "final"), spec["model_out"])
+
+
+def worker(spec_path: Path) -> None:
+    """One training run in this (fresh) process; writes its measurements to `spec["result_path"]`."""
+    spec = json.loads(spec_path.read_text())
+    torch.set_num_threads(spec["threads"])
+    clock = StepClock()
+    {"trl": train_trl, "rmkit": train_rmkit}[spec["side"]](spec)
+    result = clock.close()
+    result["peak_rss_mib"] = common.peak_rss_mib()
+    common.write_json(Path(spec["result_path"]), result)
+
+
+# ---------------------------------------------------------------- orchestration
+
+
+def prepare(args: argparse.Namespace) -> dict:
+    """Export the backbone, write the train slice (JSONL for rmkit, token ids for TRL), tokenize held-out pairs."""
+    from rmkit.models import load_reward_model, load_tokenizer
+
+    work = args.work_dir
+    work.mkdir(parents=True, exist_ok=True)
+    model_dir = common.export_reward_model(args.backbone, work / "model", args.seed)
+    tokenizer = load_tokenizer(model_dir)
+    lines = (args.data_dir / "hh_harmless_train.jsonl").read_text().splitlines(keepends=True)
+    train_jsonl = work / "train.jsonl"
+    train_jsonl.write_text("".join(lines[: args.pairs] if args.pairs else lines))
+    chosen, rejected = common.load_tokenized_pairs(train_jsonl, tokenizer, args.max_length)
+    (work / "train_tokens.json").write_text(json.dumps({"chosen": chosen, "rejected": rejected}))
+    val = ([], [])
+    if args.eval_pairs != 0:
+        val = common.load_tokenized_pairs(
+            args.data_dir / "hh_harmless_val.jsonl", tokenizer, args.max_length, args.eval_pairs
+        )
+    model, _ = load_reward_model(model_dir)
+    return {
+        "model_dir": str(model_dir),
+        "train_jsonl": str(train_jsonl),
+        "train_tokens": str(work / "train_tokens.json"),
+        "num_pairs": len(chosen),
+        "real_tokens": sum(map(len, chosen)) + sum(map(len, rejected)),
+        "non_embedding_params": common.non_embedding_params(model),
+        "val": val,
+    }
+
+
+def run_once(args, data: dict, side: str, precision: str, repeat: int) -> dict:
+    """Train in a subprocess, then (first repeat only) score the saved model on the held-out pairs."""
+    out_dir = args.work_dir / f"{side}-{precision}-{repeat}"
+    shutil.rmtree(out_dir, ignore_errors=True)
+    out_dir.mkdir(parents=True)
+    spec = {
+        "side": side, "precision": precision, "threads": args.threads, "seed": args.seed,
+        "batch_size": args.batch_size, "lr": args.lr, "max_length": args.max_length,
+        "model_dir": data["model_dir"], "train_jsonl": data["train_jsonl"], "train_tokens": data["train_tokens"],
+        "out_dir": str(out_dir / "run"), "model_out": str(out_dir / "model"),
+        "result_path": str(out_dir / "result.json"),
+    }  # fmt: skip
+    (out_dir / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONPATH": str(common.REPO_ROOT), "OMP_NUM_THREADS": str(args.threads),
+           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, "worker", str(out_dir / "spec.json")], env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    wall = time.perf_counter() - start
+    (out_dir / "log.txt").write_text(proc.stdout + proc.stderr)
+    if proc.returncode != 0:
+        raise SystemExit(f"{side} {precision} run failed (log: {out_dir / 'log.txt'}):\n{proc.stderr[-3000:]}")
+    result = json.loads((out_dir / "result.json").read_text())
+    train_s = result["train_s"]
+    result.update(side=side, precision=precision, repeat=repeat, wall_s=wall,
+                  pairs_per_s=data["num_pairs"] / train_s, real_tokens_per_s=data["real_tokens"] / train_s,
+                  padding_fraction=1 - data["real_tokens"] / max(result["computed_tokens"], 1))  # fmt: skip
+    if repeat == 0 and data["val"][0]:
+        result["val_accuracy"] = common.pairwise_accuracy(Path(spec["model_out"]), *data["val"])
+    shutil.rmtree(out_dir / "model", ignore_errors=True)
+    print(f"{side:>5} {precision} #{repeat}: {result['pairs_per_s']:.2f} pairs/s, train {train_s:.1f} s, "
+          f"wall {wall:.1f} s, rss {result['peak_rss_mib']:.0f} MiB, acc {result.get('val_accuracy')}", flush=True)  # fmt: skip
+    return result
+
+
+def summarize(runs: list[dict], data: dict, peaks: dict) -> dict:
+    """Medians per (precision, side), MFU, and the rmkit/TRL ratios."""
+    keys = ("pairs_per_s", "real_tokens_per_s", "padding_fraction", "peak_rss_mib", "train_s", "wall_s")
+    summary: dict = {}
+    for precision in sorted({r["precision"] for r in runs}):
+        row: dict = {}
+        for side in SIDES:
+            mine = [r for r in runs if r["precision"] == precision and r["side"] == side]
+            if not mine:
+                continue
+            stats = {k: common.median([r[k] for r in mine]) for k in keys}
+            stats["val_accuracy"] = common.median([r.get("val_accuracy") for r in mine])
+            stats["mfu"] = 6 * data["non_embedding_params"] * stats["real_tokens_per_s"] / peaks[precision]
+            stats["runs"] = len(mine)
+            row[side] = stats
+        if len(row) == 2:
+            row["ratio_rmkit_over_trl"] = {
+                k: row["rmkit"][k] / row["trl"][k] for k in ("pairs_per_s", "real_tokens_per_s", "peak_rss_mib", "wall_s")
+            }
+        summary[precision] = row
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["worker"]:
+        worker(Path(argv[1]))
+        return 0
+    args = parse_args(argv)
+    info = common.machine_info()
+    data = prepare(args)
+    peaks = {p: common.matmul_peak_flops(DTYPES[p], args.threads) for p in args.precision}
+    print(f"{data['num_pairs']} pairs, {data['real_tokens']} real tokens; matmul peak "
+          + ", ".join(f"{p} {v / 1e9:.0f} GFLOP/s" for p, v in peaks.items()), flush=True)  # fmt: skip
+    runs = []
+    for repeat in range(args.repeats):
+        for precision in args.precision:
+            order = args.sides if repeat % 2 == 0 else args.sides[::-1]
+            runs.extend(run_once(args, data, side, precision, repeat) for side in order)
+    payload = {
+        "command": "python benchmarks/train_vs_trl.py " + " ".join(argv),
+        "machine": info,
+        "workload": {"name": args.workload, "backbone": str(args.backbone), "train_pairs": data["num_pairs"],
+                     "real_tokens": data["real_tokens"], "held_out_pairs": len(data["val"][0]),
+                     "max_length": args.max_length, "batch_size": args.batch_size, "lr": args.lr,
+                     "threads": args.threads, "non_embedding_params": data["non_embedding_params"]},  # fmt: skip
+        "matmul_peak_flops": peaks,
+        "summary": summarize(runs, data, peaks),
+        "runs": runs,
+    }
+    common.write_json(args.output, payload)
+    print(json.dumps(payload["summary"], indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

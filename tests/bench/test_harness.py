@@ -1,0 +1,81 @@
+"""The benchmark harness: its timing hooks, its summary maths and a scoring-throughput smoke run."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import common
+from benchmarks.train_vs_trl import StepClock, summarize
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def tiny_bert_reward_model(directory: Path) -> Path:
+    """A 2-layer, hidden-32 BERT reward model with the MiniLM tokenizer (random weights, no download)."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    tokenizer = AutoTokenizer.from_pretrained(common.minilm_path())
+    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
+                        num_attention_heads=2, intermediate_size=64, num_labels=1)  # fmt: skip
+    BertForSequenceClassification(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    return directory
+
+
+def write_pairs(path: Path, n: int) -> Path:
+    rows = [{"prompt": f"Human: question {i}?\n\nAssistant:", "chosen": f" a helpful answer {i}",
+             "rejected": " no" + " never" * (i % 5)} for i in range(n)]  # fmt: skip
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_step_clock_counts_only_training_forwards_and_torch_optimizer_steps():
+    model = torch.nn.Sequential(torch.nn.Embedding(2048, 8), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.AdamW(model.parameters())
+    clock = StepClock()
+    for _ in range(3):
+        model(torch.zeros(4, 5, dtype=torch.long)).sum().backward()
+        optimizer.step()
+    with torch.no_grad():  # an evaluation forward: not training work
+        model.eval()
+        model(torch.zeros(7, 5, dtype=torch.long))
+    result = clock.close()
+    model.train()
+    model(torch.zeros(4, 5, dtype=torch.long))  # after close: the hooks are gone
+    assert result["optimizer_steps"] == 3
+    assert result["computed_tokens"] == 3 * 4 * 5
+    assert result["train_s"] > 0
+
+
+def test_summarize_takes_medians_ratios_and_mfu():
+    runs = [
+        {"side": side, "precision": "fp32", "pairs_per_s": pps, "real_tokens_per_s": tps, "padding_fraction": 0.1,
+         "peak_rss_mib": 100.0, "train_s": 10.0, "wall_s": 12.0, "val_accuracy": 0.6}
+        for side, pps, tps in [("trl", 1.0, 100.0), ("trl", 3.0, 300.0), ("trl", 2.0, 200.0),
+                               ("rmkit", 4.0, 400.0), ("rmkit", 6.0, 600.0)]
+    ]  # fmt: skip
+    summary = summarize(runs, {"non_embedding_params": 1000}, {"fp32": 6e6})["fp32"]
+    assert summary["trl"]["pairs_per_s"] == 2.0 and summary["trl"]["runs"] == 3
+    assert summary["rmkit"]["pairs_per_s"] == 5.0  # median of an even count: the mean of the middle two
+    assert summary["ratio_rmkit_over_trl"]["pairs_per_s"] == 2.5
+    # MFU = 6 x 1000 params x 500 tokens/s / 6e6 FLOP/s
+    assert summary["rmkit"]["mfu"] == pytest.approx(0.5)
+
+
+def test_score_throughput_smoke(tmp_path):
+    model_dir = tiny_bert_reward_model(tmp_path / "model")
+    data = write_pairs(tmp_path / "val.jsonl", 6)
+    out = tmp_path / "score.json"
+    command = [sys.executable, str(REPO_ROOT / "benchmarks" / "score_throughput.py"), "--model", str(model_dir),
+               "--data", str(data), "--batch-sizes", "1,4", "--repeats", "1", "--output", str(out)]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    result = json.loads(out.read_text())
+    assert result["pairs"] == 6
+    assert set(result["results"]) >= {"rmkit", "pipeline_bs1", "pipeline_bs4", "ratio_rmkit_over_best_pipeline"}
+    # Same model, same tokens: the pipeline and rmkit agree on every untruncated reward (fp32 rounding).
+    assert result["max_abs_reward_difference_vs_pipeline"] < 1e-4
