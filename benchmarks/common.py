@@ -88,7 +88,9 @@ def pairwise_accuracy(model_dir: Path, chosen: list[list[int]], rejected: list[l
 
 def non_embedding_params(model: torch.nn.Module) -> int:
     """Parameters outside `nn.Embedding` modules (word, position, token-type tables), head included."""
-    embedding = sum(p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters())
+    embedding = sum(
+        p.numel() for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()
+    )
     return sum(p.numel() for p in model.parameters()) - embedding
 
 

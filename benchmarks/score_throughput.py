@@ -44,7 +44,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--cli", action="store_true", help="also time the `rmkit score` command end to end")
-    parser.add_argument("--output", type=Path, default=common.REPO_ROOT / "benchmarks" / "results" / "score_throughput.json")
+    parser.add_argument(
+        "--output", type=Path, default=common.REPO_ROOT / "benchmarks" / "results" / "score_throughput.json"
+    )
     args = parser.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
     return args
@@ -84,8 +86,18 @@ def time_cli(model_dir: Path, data: Path, threads: int) -> float:
     """Wall seconds of `python -m rmkit score` on `data`, process start-up and model loading included."""
     env = {**os.environ, "PYTHONPATH": str(common.REPO_ROOT), "OMP_NUM_THREADS": str(threads)}
     with tempfile.TemporaryDirectory() as tmp:
-        command = [sys.executable, "-m", "rmkit", "score", "--model", str(model_dir), "--input", str(data),
-                   "--output", str(Path(tmp) / "scored.jsonl")]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "rmkit",
+            "score",
+            "--model",
+            str(model_dir),
+            "--input",
+            str(data),
+            "--output",
+            str(Path(tmp) / "scored.jsonl"),
+        ]
         start = time.perf_counter()
         subprocess.run(command, env=env, check=True, capture_output=True)
         return time.perf_counter() - start
@@ -124,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
     fits = torch.tensor([len(ids) <= args.max_length for ids in tokenizer(texts).input_ids])
     max_diff = 0.0
     for batch_size in args.batch_sizes:
-        seconds, scores = timed(lambda b=batch_size: pipeline_scores(pipe, texts, b, args.max_length), args.repeats)
+        seconds, scores = timed(
+            lambda b=batch_size: pipeline_scores(pipe, texts, b, args.max_length), args.repeats
+        )
         results[f"pipeline_bs{batch_size}"] = {"seconds": seconds, "pairs_per_s": len(records) / seconds}
         max_diff = max(max_diff, (scores - rewards)[fits].abs().max().item())
     best = max((v for k, v in results.items() if k.startswith("pipeline")), key=lambda v: v["pairs_per_s"])
@@ -133,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         seconds = time_cli(model_dir, data_file, args.threads)
         results["rmkit_score_cli"] = {"seconds": seconds, "pairs_per_s": len(records) / seconds}
     payload = {
-        "command": "python benchmarks/score_throughput.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python benchmarks/score_throughput.py "
+        + " ".join(sys.argv[1:] if argv is None else argv),
         "machine": info,
         "model": str(model_dir),
         "data": str(args.data),

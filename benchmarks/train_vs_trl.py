@@ -51,9 +51,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workload", choices=sorted(WORKLOADS), default="minilm")
     parser.add_argument("--backbone", type=Path, help="another backbone directory than the workload's")
-    parser.add_argument("--pairs", type=int, help="train on the first N pairs (default: all; 128 for smollm2)")
-    parser.add_argument("--eval-pairs", type=int, help="held-out pairs to score (default: all; 100 for smollm2; 0: skip)")
-    parser.add_argument("--repeats", type=int, default=1, help="runs per side and precision (accuracy: first only)")
+    parser.add_argument(
+        "--pairs", type=int, help="train on the first N pairs (default: all; 128 for smollm2)"
+    )
+    parser.add_argument(
+        "--eval-pairs", type=int, help="held-out pairs to score (default: all; 100 for smollm2; 0: skip)"
+    )
+    parser.add_argument(
+        "--repeats", type=int, default=1, help="runs per side and precision (accuracy: first only)"
+    )
     parser.add_argument("--precision", default="fp32,bf16", help="comma list of fp32, bf16")
     parser.add_argument("--sides", default="trl,rmkit", help="comma list of trl, rmkit")
     parser.add_argument("--max-length", type=int, default=256)
@@ -62,8 +68,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR)
-    parser.add_argument("--work-dir", type=Path, help="scratch directory (default: /tmp/rmkit-bench-WORKLOAD)")
-    parser.add_argument("--output", type=Path, help="results JSON (default: benchmarks/results/train_vs_trl[_WORKLOAD].json)")
+    parser.add_argument(
+        "--work-dir", type=Path, help="scratch directory (default: /tmp/rmkit-bench-WORKLOAD)"
+    )
+    parser.add_argument(
+        "--output", type=Path, help="results JSON (default: benchmarks/results/train_vs_trl[_WORKLOAD].json)"
+    )
     args = parser.parse_args(argv)
     backbone, pairs, eval_pairs = WORKLOADS[args.workload]
     args.backbone = args.backbone or backbone()
@@ -250,32 +260,59 @@ def run_once(args, data: dict, side: str, precision: str, repeat: int) -> dict:
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
     spec = {
-        "side": side, "precision": precision, "threads": args.threads, "seed": args.seed,
-        "batch_size": args.batch_size, "lr": args.lr, "max_length": args.max_length,
-        "model_dir": data["model_dir"], "train_jsonl": data["train_jsonl"], "train_tokens": data["train_tokens"],
-        "out_dir": str(out_dir / "run"), "model_out": str(out_dir / "model"),
+        "side": side,
+        "precision": precision,
+        "threads": args.threads,
+        "seed": args.seed,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "max_length": args.max_length,
+        "model_dir": data["model_dir"],
+        "train_jsonl": data["train_jsonl"],
+        "train_tokens": data["train_tokens"],
+        "out_dir": str(out_dir / "run"),
+        "model_out": str(out_dir / "model"),
         "result_path": str(out_dir / "result.json"),
-    }  # fmt: skip
+    }
     (out_dir / "spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": str(common.REPO_ROOT), "OMP_NUM_THREADS": str(args.threads),
-           "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(common.REPO_ROOT),
+        "OMP_NUM_THREADS": str(args.threads),
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "worker", str(out_dir / "spec.json")], env=env,
-                          capture_output=True, text=True)  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, __file__, "worker", str(out_dir / "spec.json")],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     wall = time.perf_counter() - start
     (out_dir / "log.txt").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
-        raise SystemExit(f"{side} {precision} run failed (log: {out_dir / 'log.txt'}):\n{proc.stderr[-3000:]}")
+        raise SystemExit(
+            f"{side} {precision} run failed (log: {out_dir / 'log.txt'}):\n{proc.stderr[-3000:]}"
+        )
     result = json.loads((out_dir / "result.json").read_text())
     train_s = result["train_s"]
-    result.update(side=side, precision=precision, repeat=repeat, wall_s=wall,
-                  pairs_per_s=data["num_pairs"] / train_s, real_tokens_per_s=data["real_tokens"] / train_s,
-                  padding_fraction=1 - data["real_tokens"] / max(result["computed_tokens"], 1))  # fmt: skip
+    result.update(
+        side=side,
+        precision=precision,
+        repeat=repeat,
+        wall_s=wall,
+        pairs_per_s=data["num_pairs"] / train_s,
+        real_tokens_per_s=data["real_tokens"] / train_s,
+        padding_fraction=1 - data["real_tokens"] / max(result["computed_tokens"], 1),
+    )
     if repeat == 0 and data["val"][0]:
         result["val_accuracy"] = common.pairwise_accuracy(Path(spec["model_out"]), *data["val"])
     shutil.rmtree(out_dir / "model", ignore_errors=True)
-    print(f"{side:>5} {precision} #{repeat}: {result['pairs_per_s']:.2f} pairs/s, train {train_s:.1f} s, "
-          f"wall {wall:.1f} s, rss {result['peak_rss_mib']:.0f} MiB, acc {result.get('val_accuracy')}", flush=True)  # fmt: skip
+    print(
+        f"{side:>5} {precision} #{repeat}: {result['pairs_per_s']:.2f} pairs/s, train {train_s:.1f} s, "
+        f"wall {wall:.1f} s, rss {result['peak_rss_mib']:.0f} MiB, acc {result.get('val_accuracy')}",
+        flush=True,
+    )
     return result
 
 
@@ -296,7 +333,8 @@ def summarize(runs: list[dict], data: dict, peaks: dict) -> dict:
             row[side] = stats
         if len(row) == 2:
             row["ratio_rmkit_over_trl"] = {
-                k: row["rmkit"][k] / row["trl"][k] for k in ("pairs_per_s", "real_tokens_per_s", "peak_rss_mib", "wall_s")
+                k: row["rmkit"][k] / row["trl"][k]
+                for k in ("pairs_per_s", "real_tokens_per_s", "peak_rss_mib", "wall_s")
             }
         summary[precision] = row
     return summary
@@ -311,8 +349,11 @@ def main(argv: list[str] | None = None) -> int:
     info = common.machine_info()
     data = prepare(args)
     peaks = {p: common.matmul_peak_flops(DTYPES[p], args.threads) for p in args.precision}
-    print(f"{data['num_pairs']} pairs, {data['real_tokens']} real tokens; matmul peak "
-          + ", ".join(f"{p} {v / 1e9:.0f} GFLOP/s" for p, v in peaks.items()), flush=True)  # fmt: skip
+    print(
+        f"{data['num_pairs']} pairs, {data['real_tokens']} real tokens; matmul peak "
+        + ", ".join(f"{p} {v / 1e9:.0f} GFLOP/s" for p, v in peaks.items()),
+        flush=True,
+    )
     runs = []
     for repeat in range(args.repeats):
         for precision in args.precision:
@@ -321,10 +362,18 @@ def main(argv: list[str] | None = None) -> int:
     payload = {
         "command": "python benchmarks/train_vs_trl.py " + " ".join(argv),
         "machine": info,
-        "workload": {"name": args.workload, "backbone": str(args.backbone), "train_pairs": data["num_pairs"],
-                     "real_tokens": data["real_tokens"], "held_out_pairs": len(data["val"][0]),
-                     "max_length": args.max_length, "batch_size": args.batch_size, "lr": args.lr,
-                     "threads": args.threads, "non_embedding_params": data["non_embedding_params"]},  # fmt: skip
+        "workload": {
+            "name": args.workload,
+            "backbone": str(args.backbone),
+            "train_pairs": data["num_pairs"],
+            "real_tokens": data["real_tokens"],
+            "held_out_pairs": len(data["val"][0]),
+            "max_length": args.max_length,
+            "batch_size": args.batch_size,
+            "lr": args.lr,
+            "threads": args.threads,
+            "non_embedding_params": data["non_embedding_params"],
+        },
         "matmul_peak_flops": peaks,
         "summary": summarize(runs, data, peaks),
         "runs": runs,

@@ -20,16 +20,28 @@ def tiny_bert_reward_model(directory: Path) -> Path:
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
     tokenizer = AutoTokenizer.from_pretrained(common.minilm_path())
-    config = BertConfig(vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=2,
-                        num_attention_heads=2, intermediate_size=64, num_labels=1)  # fmt: skip
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=1,
+    )
     BertForSequenceClassification(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
     return directory
 
 
 def write_pairs(path: Path, n: int) -> Path:
-    rows = [{"prompt": f"Human: question {i}?\n\nAssistant:", "chosen": f" a helpful answer {i}",
-             "rejected": " no" + " never" * (i % 5)} for i in range(n)]  # fmt: skip
+    rows = [
+        {
+            "prompt": f"Human: question {i}?\n\nAssistant:",
+            "chosen": f" a helpful answer {i}",
+            "rejected": " no" + " never" * (i % 5),
+        }
+        for i in range(n)
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -54,11 +66,25 @@ def test_step_clock_counts_only_training_forwards_and_torch_optimizer_steps():
 
 def test_summarize_takes_medians_ratios_and_mfu():
     runs = [
-        {"side": side, "precision": "fp32", "pairs_per_s": pps, "real_tokens_per_s": tps, "padding_fraction": 0.1,
-         "peak_rss_mib": 100.0, "train_s": 10.0, "wall_s": 12.0, "val_accuracy": 0.6}
-        for side, pps, tps in [("trl", 1.0, 100.0), ("trl", 3.0, 300.0), ("trl", 2.0, 200.0),
-                               ("rmkit", 4.0, 400.0), ("rmkit", 6.0, 600.0)]
-    ]  # fmt: skip
+        {
+            "side": side,
+            "precision": "fp32",
+            "pairs_per_s": pps,
+            "real_tokens_per_s": tps,
+            "padding_fraction": 0.1,
+            "peak_rss_mib": 100.0,
+            "train_s": 10.0,
+            "wall_s": 12.0,
+            "val_accuracy": 0.6,
+        }
+        for side, pps, tps in [
+            ("trl", 1.0, 100.0),
+            ("trl", 3.0, 300.0),
+            ("trl", 2.0, 200.0),
+            ("rmkit", 4.0, 400.0),
+            ("rmkit", 6.0, 600.0),
+        ]
+    ]
     summary = summarize(runs, {"non_embedding_params": 1000}, {"fp32": 6e6})["fp32"]
     assert summary["trl"]["pairs_per_s"] == 2.0 and summary["trl"]["runs"] == 3
     assert summary["rmkit"]["pairs_per_s"] == 5.0  # median of an even count: the mean of the middle two
@@ -71,11 +97,28 @@ def test_score_throughput_smoke(tmp_path):
     model_dir = tiny_bert_reward_model(tmp_path / "model")
     data = write_pairs(tmp_path / "val.jsonl", 6)
     out = tmp_path / "score.json"
-    command = [sys.executable, str(REPO_ROOT / "benchmarks" / "score_throughput.py"), "--model", str(model_dir),
-               "--data", str(data), "--batch-sizes", "1,4", "--repeats", "1", "--output", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        str(REPO_ROOT / "benchmarks" / "score_throughput.py"),
+        "--model",
+        str(model_dir),
+        "--data",
+        str(data),
+        "--batch-sizes",
+        "1,4",
+        "--repeats",
+        "1",
+        "--output",
+        str(out),
+    ]
     subprocess.run(command, check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
     result = json.loads(out.read_text())
     assert result["pairs"] == 6
-    assert set(result["results"]) >= {"rmkit", "pipeline_bs1", "pipeline_bs4", "ratio_rmkit_over_best_pipeline"}
+    assert set(result["results"]) >= {
+        "rmkit",
+        "pipeline_bs1",
+        "pipeline_bs4",
+        "ratio_rmkit_over_best_pipeline",
+    }
     # Same model, same tokens: the pipeline and rmkit agree on every untruncated reward (fp32 rounding).
     assert result["max_abs_reward_difference_vs_pipeline"] < 1e-4
