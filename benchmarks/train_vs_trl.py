@@ -39,9 +39,9 @@ from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E40
 from benchmarks import common  # noqa: E402
 
 WORKLOADS = {
-    # name: (backbone, default train pairs, default held-out pairs)
-    "minilm": (common.minilm_path, None, None),
-    "smollm2": (common.smollm2_path, 128, 100),
+    # name: (backbone, default train pairs, default held-out pairs per file, default held-out files)
+    "minilm": (common.minilm_path, None, None, "hh_harmless_val.jsonl,pandalm_val.jsonl"),
+    "smollm2": (common.smollm2_path, 128, 100, "hh_harmless_val.jsonl"),
 }
 SIDES = ("trl", "rmkit")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -55,7 +55,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--pairs", type=int, help="train on the first N pairs (default: all; 128 for smollm2)"
     )
     parser.add_argument(
-        "--eval-pairs", type=int, help="held-out pairs to score (default: all; 100 for smollm2; 0: skip)"
+        "--eval-pairs",
+        type=int,
+        help="held-out pairs to score per file (default: all; 100 for smollm2; 0: skip)",
+    )
+    parser.add_argument(
+        "--eval-files", help="held-out files in --data-dir, comma list (default: per workload)"
     )
     parser.add_argument(
         "--repeats", type=int, default=1, help="runs per side and precision (accuracy: first only)"
@@ -75,10 +80,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--output", type=Path, help="results JSON (default: benchmarks/results/train_vs_trl[_WORKLOAD].json)"
     )
     args = parser.parse_args(argv)
-    backbone, pairs, eval_pairs = WORKLOADS[args.workload]
+    backbone, pairs, eval_pairs, eval_files = WORKLOADS[args.workload]
     args.backbone = args.backbone or backbone()
     args.pairs = args.pairs if args.pairs is not None else pairs
     args.eval_pairs = args.eval_pairs if args.eval_pairs is not None else eval_pairs
+    args.eval_files = (
+        [f for f in (args.eval_files or eval_files).split(",") if f] if args.eval_pairs != 0 else []
+    )
     args.precision = [p for p in args.precision.split(",") if p]
     args.sides = [s for s in args.sides.split(",") if s]
     if not set(args.precision) <= set(DTYPES) or not set(args.sides) <= set(SIDES):
@@ -237,11 +245,10 @@ def prepare(args: argparse.Namespace) -> dict:
     train_jsonl.write_text("".join(lines[: args.pairs] if args.pairs else lines))
     chosen, rejected = common.load_tokenized_pairs(train_jsonl, tokenizer, args.max_length)
     (work / "train_tokens.json").write_text(json.dumps({"chosen": chosen, "rejected": rejected}))
-    val = ([], [])
-    if args.eval_pairs != 0:
-        val = common.load_tokenized_pairs(
-            args.data_dir / "hh_harmless_val.jsonl", tokenizer, args.max_length, args.eval_pairs
-        )
+    val = {
+        name: common.load_tokenized_pairs(args.data_dir / name, tokenizer, args.max_length, args.eval_pairs)
+        for name in args.eval_files
+    }
     model, _ = load_reward_model(model_dir)
     return {
         "model_dir": str(model_dir),
@@ -305,12 +312,14 @@ def run_once(args, data: dict, side: str, precision: str, repeat: int) -> dict:
         real_tokens_per_s=data["real_tokens"] / train_s,
         padding_fraction=1 - data["real_tokens"] / max(result["computed_tokens"], 1),
     )
-    if repeat == 0 and data["val"][0]:
-        result["val_accuracy"] = common.pairwise_accuracy(Path(spec["model_out"]), *data["val"])
+    if repeat == 0:
+        for name, (chosen, rejected) in data["val"].items():
+            result[f"accuracy/{name}"] = common.pairwise_accuracy(Path(spec["model_out"]), chosen, rejected)
     shutil.rmtree(out_dir / "model", ignore_errors=True)
     print(
         f"{side:>5} {precision} #{repeat}: {result['pairs_per_s']:.2f} pairs/s, train {train_s:.1f} s, "
-        f"wall {wall:.1f} s, rss {result['peak_rss_mib']:.0f} MiB, acc {result.get('val_accuracy')}",
+        f"wall {wall:.1f} s, rss {result['peak_rss_mib']:.0f} MiB, "
+        + " ".join(f"{k} {v:.4f}" for k, v in result.items() if k.startswith("accuracy/")),
         flush=True,
     )
     return result
@@ -327,7 +336,8 @@ def summarize(runs: list[dict], data: dict, peaks: dict) -> dict:
             if not mine:
                 continue
             stats = {k: common.median([r[k] for r in mine]) for k in keys}
-            stats["val_accuracy"] = common.median([r.get("val_accuracy") for r in mine])
+            for name in {k for r in mine for k in r if k.startswith("accuracy/")}:
+                stats[name] = common.median([r.get(name) for r in mine])
             stats["mfu"] = 6 * data["non_embedding_params"] * stats["real_tokens_per_s"] / peaks[precision]
             stats["runs"] = len(mine)
             row[side] = stats
@@ -367,7 +377,7 @@ def main(argv: list[str] | None = None) -> int:
             "backbone": str(args.backbone),
             "train_pairs": data["num_pairs"],
             "real_tokens": data["real_tokens"],
-            "held_out_pairs": len(data["val"][0]),
+            "held_out_pairs": {name: len(pairs[0]) for name, pairs in data["val"].items()},
             "max_length": args.max_length,
             "batch_size": args.batch_size,
             "lr": args.lr,

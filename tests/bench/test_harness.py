@@ -91,6 +91,7 @@ def test_summarize_takes_medians_ratios_and_mfu():
     assert summary["ratio_rmkit_over_trl"]["pairs_per_s"] == 2.5
     # MFU = 6 x 1000 params x 500 tokens/s / 6e6 FLOP/s
     assert summary["rmkit"]["mfu"] == pytest.approx(0.5)
+    assert summary["rmkit"]["accuracy/val.jsonl"] == 0.6
 
 
 def test_score_throughput_smoke(tmp_path):
@@ -122,3 +123,28 @@ def test_score_throughput_smoke(tmp_path):
     }
     # Same model, same tokens: the pipeline and rmkit agree on every untruncated reward (fp32 rounding).
     assert result["max_abs_reward_difference_vs_pipeline"] < 1e-4
+
+
+@pytest.mark.slow
+def test_train_vs_trl_smoke_both_sides(tmp_path):
+    """Both trainers on 16 pairs with a tiny BERT: the harness runs end to end and fills every field."""
+    backbone = tiny_bert_reward_model(tmp_path / "backbone")
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    write_pairs(data_dir / "hh_harmless_train.jsonl", 16)
+    write_pairs(data_dir / "hh_harmless_val.jsonl", 8)
+    out = tmp_path / "bench.json"
+    command = [
+        sys.executable, str(REPO_ROOT / "benchmarks" / "train_vs_trl.py"), "--backbone", str(backbone),
+        "--data-dir", str(data_dir), "--eval-files", "hh_harmless_val.jsonl", "--batch-size", "8",
+        "--precision", "fp32", "--work-dir", str(tmp_path / "work"), "--output", str(out),
+    ]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
+    result = json.loads(out.read_text())
+    row = result["summary"]["fp32"]
+    for side in ("trl", "rmkit"):
+        assert row[side]["pairs_per_s"] > 0
+        assert 0 <= row[side]["padding_fraction"] < 1
+        assert 0 <= row[side]["accuracy/hh_harmless_val.jsonl"] <= 1
+    assert {r["optimizer_steps"] for r in result["runs"]} == {2}  # 16 pairs / 8 per step, one epoch
+    assert row["ratio_rmkit_over_trl"]["pairs_per_s"] > 0
