@@ -15,6 +15,7 @@ import platform
 import resource
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -62,12 +63,17 @@ def export_reward_model(source: str | Path, destination: Path, seed: int) -> Pat
 def load_tokenized_pairs(path: Path, tokenizer, max_length: int, limit: int | None = None):
     """`(chosen_ids, rejected_ids)` lists for the first `limit` pairs of `path`, truncated to `max_length`.
 
-    Truncation (not dropping) keeps every pair, so all trainers see exactly the same pairs.
+    Truncation (not dropping) keeps every pair, so all trainers see exactly the same pairs. Records rmkit's
+    loader rejects (PandaLM has an empty response) are skipped, with a note, for every model alike.
     """
     from rmkit.data import load_preference_data
     from rmkit.data.tokenize import tokenize_pairs
 
-    records = load_preference_data(path).records
+    loaded = load_preference_data(path, on_error="skip")
+    if loaded.skipped:
+        source, reason = loaded.skipped[0]
+        print(f"note: {path.name}: {len(loaded.skipped)} records skipped (first: {source}: {reason})", file=sys.stderr)
+    records = loaded.records
     records = records[:limit] if limit else records
     tokenized = tokenize_pairs(records, tokenizer, max_length, overlong="truncate")
     if len(tokenized.pairs) != len(records):

@@ -184,9 +184,15 @@ def train_trl(spec: dict) -> None:
 
 
 def rmkit_config(spec: dict) -> dict:
-    """The `rmkit train` config matching TRL's run (constant lr, no validation, final model only)."""
+    """The `rmkit train` config matching TRL's run (constant lr, no validation, no plots, final model only)."""
     return {
-        "rm": {"max_num_epochs": 1, "seed": spec["seed"], "val_at_start": False, "val_period": 0},
+        "rm": {
+            "max_num_epochs": 1,
+            "seed": spec["seed"],
+            "val_at_start": False,
+            "val_at_end": False,
+            "val_period": 0,
+        },
         "policy": {
             "model_name": spec["model_dir"],
             "train_global_batch_size": spec["batch_size"],
@@ -196,10 +202,11 @@ def rmkit_config(spec: dict) -> dict:
             "optimizer": {"lr": spec["lr"], "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8},
             "scheduler": {"name": "constant", "warmup_steps": 0},
             "max_grad_norm": 1.0,
+            "num_threads": spec["threads"],
         },
         "data": {"train_data_path": spec["train_jsonl"], "val_data_paths": {}},
-        "checkpointing": {"enabled": True, "checkpoint_dir": spec["out_dir"]},
-        "logger": {"log_dir": spec["out_dir"] + "/logs", "tensorboard": False},
+        "checkpointing": {"checkpoint_dir": spec["out_dir"]},
+        "logger": {"tensorboard": False, "plots": False, "progress_bar": False},
     }
 
 

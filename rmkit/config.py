@@ -169,6 +169,9 @@ class PolicyConfig:
     """Clip the global gradient norm to this; None: no clipping."""
     gradient_checkpointing: bool = False
     """Recompute activations in backward (less memory, ~30% more compute)."""
+    disable_dropout: bool = True
+    """Set every dropout probability to 0, as TRL and OpenRLHF do for reward models: the reward is then a
+    deterministic function of the weights, and attention keeps its fused kernel (BENCHMARKS.md)."""
     freeze_embeddings: bool = False
     """Keep the input embeddings fixed."""
     freeze_layers: int = 0

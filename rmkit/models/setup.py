@@ -83,6 +83,14 @@ def freeze(model: PreTrainedModel, embeddings: bool, lower_layers: int) -> None:
             layer.requires_grad_(False)
 
 
+def disable_dropout(model: torch.nn.Module) -> None:
+    """Every `nn.Dropout` gets p = 0. Attention reads its dropout from the module too, so SDPA keeps its
+    fused (flash) kernel instead of materializing `[B, H, S, S]` probabilities and a random mask."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+
+
 def apply_lora(model: PreTrainedModel, r: int, alpha: int, dropout: float, target_modules: list[str] | None):
     """Wrap in peft LoRA adapters; the head modules are fully trainable and saved (`modules_to_save`)."""
     try:
@@ -114,6 +122,8 @@ def trainable_model(model: torch.nn.Module) -> PreTrainedModel:
 
 def prepare_model(model: PreTrainedModel, policy) -> torch.nn.Module:
     """Apply `policy` (a `PolicyConfig`): freezing, gradient checkpointing, LoRA. Returns the model to train."""
+    if policy.disable_dropout:
+        disable_dropout(model)
     freeze(model, policy.freeze_embeddings, policy.freeze_layers)
     if policy.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

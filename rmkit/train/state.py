@@ -54,7 +54,9 @@ def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig) -> torch.optim
         {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
     ]
-    fused = all(p.is_cuda for p in params) and bool(params)
+    # The fused kernel (one pass over each tensor) exists on CPU and CUDA; the default per-tensor loop
+    # on CPU spent ~20% of a MiniLM step in AdamW's elementwise ops (BENCHMARKS.md).
+    fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused or None)
 
 

@@ -75,7 +75,7 @@ def test_summarize_takes_medians_ratios_and_mfu():
             "peak_rss_mib": 100.0,
             "train_s": 10.0,
             "wall_s": 12.0,
-            "val_accuracy": 0.6,
+            "accuracy/val.jsonl": 0.6,
         }
         for side, pps, tps in [
             ("trl", 1.0, 100.0),
