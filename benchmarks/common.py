@@ -54,6 +54,13 @@ def export_reward_model(source: str | Path, destination: Path, seed: int) -> Pat
         return destination
     torch.manual_seed(seed)
     model, tokenizer = load_reward_model(source, num_labels=1)
+    if getattr(model, "hf_quantizer", None) is not None:
+        # A GGUF checkpoint loads dequantized into plain float32 modules; transformers still tags it as
+        # quantized and refuses to save it. Drop the tag: what is saved is the float32 model.
+        model.hf_quantizer = None
+        model.is_quantized = False
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
     model.save_pretrained(destination)
     tokenizer.save_pretrained(destination)
     marker.write_text(stamp)
