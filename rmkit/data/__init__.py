@@ -15,7 +15,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rmkit.data.formats import FORMATS, PARSERS, FormatOptions, detect_format, pair_aligner_lines
+from rmkit.data.formats import FORMATS, PARSERS, TIE_PREFIX, FormatOptions, detect_format, pair_aligner_lines
 from rmkit.data.readers import RawRecord, read_records
 from rmkit.data.records import MISSING_LABEL, Message, PreferencePair, RegressionExample
 from rmkit.data.validate import labels as read_labels
@@ -38,6 +38,12 @@ class LoadResult:
     skipped: list[tuple[str, str]] = field(default_factory=list)
     warnings: list[tuple[str, str]] = field(default_factory=list)
     format: str = ""
+    ties_skipped: int = 0  # entries of `.skipped` that are ties skipped under keep_ties=True
+
+    @property
+    def errors(self) -> list[tuple[str, str]]:
+        """The skipped entries that are bad records (not ties skipped on purpose)."""
+        return [entry for entry in self.skipped if not entry[1].startswith(TIE_PREFIX)]
 
 
 def _where(err: DataError) -> str:
@@ -147,6 +153,7 @@ def _parsed_pairs(items: Iterable, parser, opts: FormatOptions, collector: _Coll
             collector.error(err, item.source)
             continue
         collector.result.skipped.extend((item.source, reason) for reason in skipped)
+        collector.result.ties_skipped += len(skipped)
         yield from pairs
 
 

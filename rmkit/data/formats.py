@@ -15,6 +15,7 @@ from rmkit.data.validate import finite_number, get_field, messages, optional_num
 
 FORMATS = ("auto", "binary", "ranked", "aligner", "helpsteer3", "tulu3", "hh_rlhf")
 HH_ASSISTANT = "\n\nAssistant:"
+TIE_PREFIX = "tie: "  # how a tie skipped under keep_ties=True is reported
 
 
 @dataclass(frozen=True)
@@ -63,7 +64,7 @@ def parse_ranked(record: RawRecord, opts: FormatOptions) -> tuple[list[Preferenc
                         "completions", f"completions {i} and {j} have the same rank {rank_i:g} (a tie); "
                         "pass keep_ties=True (--keep-ties) to skip tied pairs"
                     )
-                skipped.append(f"tie: completions {i} and {j} have rank {rank_i:g}")
+                skipped.append(f"{TIE_PREFIX}completions {i} and {j} have rank {rank_i:g}")
                 continue
             chosen, rejected = (comp_i, comp_j) if rank_i < rank_j else (comp_j, comp_i)
             pairs.append(PreferencePair(context, chosen, rejected, None, record.source))
@@ -80,7 +81,7 @@ def parse_helpsteer3(record: RawRecord, opts: FormatOptions) -> tuple[list[Prefe
     if preference == 0:
         if not opts.keep_ties:
             raise record.error("overall_preference", "is 0 (a tie); pass keep_ties=True (--keep-ties) to skip ties")
-        return [], ["tie: overall_preference is 0"]
+        return [], [f"{TIE_PREFIX}overall_preference is 0"]
     chosen, rejected = (response1, response2) if preference < 0 else (response2, response1)
     return [PreferencePair(context, chosen, rejected, None, record.source)], []
 

@@ -121,7 +121,7 @@ def read_hf_dataset(name_or_path: str, split: str = "train") -> Iterator[RawReco
             dataset = loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
         else:
             dataset = datasets.load_dataset(name_or_path, split=split)
-    except (FileNotFoundError, KeyError, ValueError, ConnectionError) as err:
+    except (OSError, KeyError, ValueError, datasets.exceptions.DatasetsError) as err:
         raise DataError(name_or_path, None, None, f"cannot load dataset split '{split}': {err}") from None
     if len(dataset) == 0:
         raise DataError(name_or_path, None, None, f"split '{split}' is empty (no records)")
