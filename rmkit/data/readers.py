@@ -109,7 +109,7 @@ def read_parquet(path: str | Path) -> Iterator[RawRecord | DataError]:
 
 def read_hf_dataset(name_or_path: str, split: str = "train") -> Iterator[RawRecord | DataError]:
     """Records of a Hugging Face dataset: a `save_to_disk` directory, or a name `load_dataset` knows
-    (a hub id, or a local dataset folder). `name_or_path` may carry the split as `name:split`."""
+    (a hub id, or a local folder of data files)."""
     try:
         import datasets
     except ImportError:  # pragma: no cover - depends on the environment
