@@ -165,9 +165,7 @@ def _aligner_pairs(items: Iterable, opts: FormatOptions, collector: _Collector) 
     items = list(items)
     if len(items) % 2:
         last = items[-1]
-        line = last.line if isinstance(last, DataError) else last.line
-        path = last.path
-        collector.error(DataError(path, line, None, f"aligner comparison files need an even number of lines "
+        collector.error(DataError(last.path, last.line, None, f"aligner comparison files need an even number of lines "
                                   f"(chosen, rejected, ...); this one has {len(items)}"))
         items = items[:-1]
     for first, second in zip(items[0::2], items[1::2]):

@@ -112,3 +112,9 @@ def test_empty_response_allowed_on_request(tmp_path):
     prompt_empty = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "", "chosen": "a", "rejected": "b"}])
     with pytest.raises(DataError, match="field 'prompt': is empty"):
         load_preference_data(prompt_empty, allow_empty_response=True)
+
+
+def test_byte_order_mark_and_crlf(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(GOOD).encode() + b"\r\n" + json.dumps(GOOD).encode() + b"\r\n")
+    assert len(load_preference_data(path).records) == 2
