@@ -33,7 +33,9 @@ def reward_model_metrics(chosen_rewards: torch.Tensor, rejected_rewards: torch.T
     chosen = chosen_rewards.detach().reshape(-1).double()
     rejected = rejected_rewards.detach().reshape(-1).double()
     if chosen.shape != rejected.shape:
-        raise ValueError(f"chosen {tuple(chosen.shape)} and rejected {tuple(rejected.shape)} rewards differ in size")
+        raise ValueError(
+            f"chosen {tuple(chosen.shape)} and rejected {tuple(rejected.shape)} rewards differ in size"
+        )
     if chosen.numel() == 0:
         raise ValueError("reward_model_metrics needs at least one pair")
     everything = torch.cat([chosen, rejected])
@@ -89,7 +91,9 @@ class RewardMetricsAccumulator:
         chosen = chosen_rewards.detach().reshape(-1).double().cpu()
         rejected = rejected_rewards.detach().reshape(-1).double().cpu()
         if chosen.shape != rejected.shape:
-            raise ValueError(f"chosen {tuple(chosen.shape)} and rejected {tuple(rejected.shape)} rewards differ in size")
+            raise ValueError(
+                f"chosen {tuple(chosen.shape)} and rejected {tuple(rejected.shape)} rewards differ in size"
+            )
         self._pairs.append(torch.stack([chosen, rejected], dim=1))
 
     def compute(self) -> dict[str, float]:

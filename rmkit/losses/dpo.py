@@ -31,7 +31,9 @@ def check_config_keys(cfg: dict, required: set[str], optional: set[str], name: s
     if missing:
         raise ValueError(f"{name}: missing key(s) {', '.join(missing)}")
     if unknown:
-        raise ValueError(f"{name}: unknown key(s) {', '.join(unknown)}; allowed: {sorted(required | optional)}")
+        raise ValueError(
+            f"{name}: unknown key(s) {', '.join(unknown)}; allowed: {sorted(required | optional)}"
+        )
 
 
 class DPOLossFn:

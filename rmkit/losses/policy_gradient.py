@@ -175,7 +175,9 @@ class ClippedPGLossFn:
         prev = _masked_input(data["prev_logprobs"], mask)
         gen = _masked_input(data["generation_logprobs"], mask)
         advantages = data["advantages"].to(curr.dtype)
-        advantages = advantages[:, None] * (mask > 0) if advantages.dim() == 1 else _masked_input(advantages, mask)
+        advantages = (
+            advantages[:, None] * (mask > 0) if advantages.dim() == 1 else _masked_input(advantages, mask)
+        )
 
         actor, ratio, ratio_clamped = self._actor(curr, prev, gen, advantages, mask, gvs, gvt)
         loss = actor
@@ -185,8 +187,12 @@ class ClippedPGLossFn:
             if self.beta:
                 loss = loss + self.beta * kl
         elif self.beta:
-            raise ValueError("ClippedPGLossFn: reference_policy_kl_penalty > 0 needs reference_policy_logprobs")
-        return loss, self._metrics(loss, actor, kl, curr.detach(), prev, gen, ratio, ratio_clamped, mask, data, gvt)
+            raise ValueError(
+                "ClippedPGLossFn: reference_policy_kl_penalty > 0 needs reference_policy_logprobs"
+            )
+        return loss, self._metrics(
+            loss, actor, kl, curr.detach(), prev, gen, ratio, ratio_clamped, mask, data, gvt
+        )
 
     @torch.no_grad()
     def _metrics(self, loss, actor, kl, curr, prev, gen, ratio, ratio_clamped, mask, data, gvt) -> dict:

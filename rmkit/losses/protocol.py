@@ -50,7 +50,9 @@ def reduce_metrics(metrics_list: list[dict[str, float]]) -> dict[str, float]:
                     continue
                 pick = min if key.endswith("_min") else max
                 prev = out.get(key)
-                out[key] = value if prev is None or prev in (float("inf"), float("-inf")) else pick(prev, value)
+                out[key] = (
+                    value if prev is None or prev in (float("inf"), float("-inf")) else pick(prev, value)
+                )
             else:
                 out[key] = out.get(key, 0.0) + value
     return out

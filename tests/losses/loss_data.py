@@ -24,7 +24,9 @@ def random_batch(batch=4, seq=7, vocab=11, seed=0, dtype=torch.float64, per_seq_
     if batch > 1:
         sample_mask[1] = 0
     with torch.no_grad():
-        true_lp = torch.log_softmax(logits.double(), -1)[:, :-1].gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+        true_lp = (
+            torch.log_softmax(logits.double(), -1)[:, :-1].gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+        )
         true_lp = torch.cat([torch.zeros(batch, 1, dtype=torch.float64), true_lp], dim=1)
 
     def noisy(scale):

@@ -27,8 +27,16 @@ CONFIGS = {
     "importance_sampling": {"use_importance_sampling_correction": True},
     "on_policy_kl": {"use_on_policy_kl_approximation": True, "reference_policy_kl_penalty": 0.5},
     "k1": {"reference_policy_kl_type": "k1", "reference_policy_kl_penalty": 0.5},
-    "k2_sequence": {"reference_policy_kl_type": "k2", "token_level_loss": False, "reference_policy_kl_penalty": 1.0},
-    "clamps_hit": {"kl_input_clamp_value": 0.3, "kl_output_clamp_value": 0.02, "reference_policy_kl_penalty": 1.0},
+    "k2_sequence": {
+        "reference_policy_kl_type": "k2",
+        "token_level_loss": False,
+        "reference_policy_kl_penalty": 1.0,
+    },
+    "clamps_hit": {
+        "kl_input_clamp_value": 0.3,
+        "kl_output_clamp_value": 0.02,
+        "reference_policy_kl_penalty": 1.0,
+    },
     "no_kl": {"reference_policy_kl_penalty": 0.0},
 }
 
@@ -129,7 +137,9 @@ def test_kl_estimators_hand_values(kind, expected):
 def test_padding_with_inf_log_probs_stays_finite_in_float32():
     logits, data = random_batch(dtype=torch.float32)
     gvs, gvt = global_counts(data)
-    loss, metrics = ClippedPGLossFn({**BASE, "use_importance_sampling_correction": True})(logits, data, gvs, gvt)
+    loss, metrics = ClippedPGLossFn({**BASE, "use_importance_sampling_correction": True})(
+        logits, data, gvs, gvt
+    )
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logits.grad).all()
     assert all(math.isfinite(v) for v in metrics.values())

@@ -72,5 +72,7 @@ def test_regression_matches_loop_reference_and_skips_minus_100():
 
 def test_regression_hand_value():
     # (1 - 0)^2 and (3 - 1)^2 over 2 valid entries: (1 + 4) / 2.
-    loss, _ = RegressionLoss()(torch.tensor([1.0, 3.0, 9.0]), {"labels": torch.tensor([0.0, 1.0, -100.0])}, 3, 2)
+    loss, _ = RegressionLoss()(
+        torch.tensor([1.0, 3.0, 9.0]), {"labels": torch.tensor([0.0, 1.0, -100.0])}, 3, 2
+    )
     assert loss.item() == pytest.approx(2.5)
