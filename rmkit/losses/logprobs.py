@@ -2,9 +2,10 @@
 
 The naive `log_softmax(logits.float(), -1).gather(...)` materializes a float32 copy of `[B, S, V]`
 (two when the logits are bf16: the cast and the log-softmax), and its backward two more. Here each
-chunk of positions is cast to float32, reduced with logsumexp and gathered, so the extra memory is one
-chunk; the backward recomputes the softmax per chunk instead of saving it, and writes the gradient
-straight into one buffer of the logits' shape and dtype (the only `[B, S, V]` tensor it allocates).
+chunk of positions goes through a fused float32 log-softmax and is gathered, so the extra memory is
+one chunk; the backward recomputes the softmax per chunk instead of saving anything `[B, S, V]`, and
+writes the gradient straight into one buffer of the logits' shape and dtype (the only `[B, S, V]`
+tensor it allocates, and the one any backward must return).
 """
 
 from __future__ import annotations
@@ -13,17 +14,24 @@ import torch
 
 from rmkit.losses.masking import compute_dtype
 
-# Elements of float32 scratch per chunk (4 MiB): small enough to stay in cache-friendly sizes, large
-# enough that the Python loop is negligible next to the arithmetic.
-DEFAULT_CHUNK_ELEMENTS = 1 << 20
+# Elements of float32 scratch per chunk (8 MiB): small next to any [B, S, V] worth chunking, large
+# enough that per-op overhead (thread wake-ups on CPU, kernel launches on GPU) stays negligible.
+DEFAULT_CHUNK_ELEMENTS = 1 << 21
 
 
 def _chunks(batch: int, length: int, vocab: int, chunk_elements: int):
-    """Yield `(b, t0, t1)`: row `b`, positions `[t0, t1)` of at most `chunk_elements // vocab` tokens."""
-    step = max(1, chunk_elements // max(vocab, 1))
+    """Yield index tuples `(rows, positions)` covering `[batch, length]` in chunks of about
+    `chunk_elements // vocab` positions: several whole rows when a row is short, else part of a row.
+    """
+    per_chunk = max(1, chunk_elements // max(vocab, 1))
+    if length <= per_chunk:
+        rows_per_chunk = max(1, per_chunk // max(length, 1))
+        for b in range(0, batch, rows_per_chunk):
+            yield slice(b, min(b + rows_per_chunk, batch)), slice(0, length)
+        return
     for b in range(batch):
-        for t0 in range(0, length, step):
-            yield b, t0, min(t0 + step, length)
+        for t in range(0, length, per_chunk):
+            yield slice(b, b + 1), slice(t, min(t + per_chunk, length))
 
 
 class _ChunkedNextTokenLogprobs(torch.autograd.Function):
@@ -32,33 +40,32 @@ class _ChunkedNextTokenLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: torch.Tensor, input_ids: torch.Tensor, chunk_elements: int) -> torch.Tensor:
         batch, seq, vocab = logits.shape
-        targets = input_ids[:, 1:]
         dtype = compute_dtype(logits)
+        targets = input_ids[:, 1:]
         out = torch.empty(batch, seq - 1, dtype=dtype, device=logits.device)
-        lse = torch.empty_like(out)
-        for b, t0, t1 in _chunks(batch, seq - 1, vocab, chunk_elements):
-            x = logits[b, t0:t1].to(dtype)
-            lse[b, t0:t1] = torch.logsumexp(x, dim=-1)
-            out[b, t0:t1] = x.gather(-1, targets[b, t0:t1, None]).squeeze(-1) - lse[b, t0:t1]
-        ctx.save_for_backward(logits, targets, lse)
+        for rows, pos in _chunks(batch, seq - 1, vocab, chunk_elements):
+            # The fused kernel casts while it reads: the float32 copy is one chunk, never [B, S, V].
+            logp = torch.log_softmax(logits[rows, pos], dim=-1, dtype=dtype)
+            out[rows, pos] = logp.gather(-1, targets[rows, pos, None]).squeeze(-1)
+        ctx.save_for_backward(logits, targets)
         ctx.chunk_elements = chunk_elements
         return out
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
-        logits, targets, lse = ctx.saved_tensors
+        logits, targets = ctx.saved_tensors
         batch, seq, vocab = logits.shape
+        dtype = compute_dtype(logits)
         grad_logits = torch.empty_like(logits)
         grad_logits[:, -1].zero_()  # the last position predicts nothing here
-        dtype = compute_dtype(logits)
         grad_out = grad_out.to(dtype)
-        for b, t0, t1 in _chunks(batch, seq - 1, vocab, ctx.chunk_elements):
-            g = grad_out[b, t0:t1, None]
-            # d logp(y) / d x_v = 1[v = y] - softmax(x)_v, scaled by the incoming gradient.
-            x = logits[b, t0:t1].to(dtype, copy=True)
-            x.sub_(lse[b, t0:t1, None]).exp_().mul_(-g)
-            x.scatter_add_(-1, targets[b, t0:t1, None], g)
-            grad_logits[b, t0:t1] = x
+        for rows, pos in _chunks(batch, seq - 1, vocab, ctx.chunk_elements):
+            # d logp(y) / d x_v = 1[v = y] - softmax(x)_v, scaled by the incoming gradient; the
+            # softmax is recomputed here rather than saved, so the forward keeps nothing [B, S, V].
+            g = grad_out[rows, pos, None]
+            x = torch.softmax(logits[rows, pos], dim=-1, dtype=dtype).mul_(-g)
+            x.scatter_add_(-1, targets[rows, pos, None], g)
+            grad_logits[rows, pos] = x
         return grad_logits, None, None
 
 

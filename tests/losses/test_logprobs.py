@@ -10,7 +10,7 @@ def _naive(logits, input_ids):
     return torch.log_softmax(logits.double(), -1)[:, :-1].gather(-1, input_ids[:, 1:, None]).squeeze(-1)
 
 
-@pytest.mark.parametrize("chunk_elements", [1, 7, 40, 1 << 20])
+@pytest.mark.parametrize("chunk_elements", [1, 7, 40, 130, 1 << 20])  # row parts, row groups, all
 def test_float64_matches_log_softmax_values_and_gradients(chunk_elements):
     # float64 end to end: agreement to 1e-12 absolute (log-probs are O(1..10)).
     logits = torch.randn(3, 6, 13, dtype=torch.float64, requires_grad=True)
