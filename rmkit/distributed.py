@@ -178,3 +178,25 @@ def shard(items: Sequence, rank_: int | None = None, world: int | None = None) -
     world = world_size() if world is None else world
     n = len(items)
     return list(items[rank_ * n // world : (rank_ + 1) * n // world])
+
+
+def _sum_gradients_hook(process_group, bucket):
+    # DDP's default hook averages gradients over ranks. rmkit's losses are already divided by the
+    # *global* counts (DESIGN.md), so each rank holds its share of the global-batch gradient and the
+    # right reduction is the plain sum.
+    work = dist.all_reduce(bucket.buffer(), group=process_group, async_op=True)
+    return work.get_future().then(lambda fut: fut.value()[0])
+
+
+def wrap_data_parallel(module: torch.nn.Module, info: DistInfo) -> torch.nn.Module:
+    """`module` inside DistributedDataParallel with summed (not averaged) gradients; unchanged when
+    single-process. DDP broadcasts rank 0's parameters and buffers at construction, so every rank
+    starts from the same weights. Use `no_sync()` on all but the last micro-batch of a step."""
+    if not is_distributed():
+        return module
+    from torch.nn.parallel import DistributedDataParallel
+
+    device_ids = [info.device.index] if info.device.type == "cuda" else None
+    wrapped = DistributedDataParallel(module, device_ids=device_ids)
+    wrapped.register_comm_hook(None, _sum_gradients_hook)
+    return wrapped

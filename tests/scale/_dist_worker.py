@@ -19,8 +19,18 @@ def main(out_dir: str) -> None:
     gathered = dist.all_gather_cat(rows.expand(-1, 2).contiguous())
     chosen = dist.broadcast_object({"resume_step": 7} if dist.is_main() else None)
     objects = dist.all_gather_object(f"rank{r}")
+    # DDP with summed gradients over two micro-batches (the first under no_sync): rank r feeds x = r + 1.
+    torch.manual_seed(r)  # different init per rank: DDP must broadcast rank 0's weights
+    linear = torch.nn.Linear(3, 1)
+    model = dist.wrap_data_parallel(linear, info)
+    x = torch.full((2, 3), float(r + 1))
+    with model.no_sync():
+        model(x).sum().backward()
+    model(x).sum().backward()
     dist.barrier()
     result = {
+        "grad": linear.weight.grad.tolist(),
+        "weight": linear.weight.detach().tolist(),
         "rank": r,
         "world": world,
         "info_rank": info.rank,

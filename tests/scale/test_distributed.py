@@ -69,4 +69,7 @@ def test_two_gloo_processes(tmp_path):
         assert res["gathered"] == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0], [100.0, 100.0]]
         assert res["broadcast"] == {"resume_step": 7}
         assert res["objects"] == ["rank0", "rank1"]
+        # d/dw sum(w.x + b) = 2 rows * x per backward, 2 backwards per rank, summed over ranks: 4*1 + 4*2.
+        assert res["grad"] == [[12.0, 12.0, 12.0]]
+    assert results[0]["weight"] == results[1]["weight"]
     assert results[0]["shard"] == [0, 1] and results[1]["shard"] == [2, 3, 4]
