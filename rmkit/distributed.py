@@ -8,6 +8,7 @@ is a no-op that behaves as rank 0 of a world of 1, so the training loop calls th
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 from collections.abc import Sequence
@@ -200,3 +201,11 @@ def wrap_data_parallel(module: torch.nn.Module, info: DistInfo) -> torch.nn.Modu
     wrapped = DistributedDataParallel(module, device_ids=device_ids)
     wrapped.register_comm_hook(None, _sum_gradients_hook)
     return wrapped
+
+
+def sync_gradients(module: torch.nn.Module, sync: bool):
+    """Context for one micro-batch's backward: DDP reduces gradients only when `sync` (the last
+    micro-batch of a step); the others accumulate locally. A no-op for an unwrapped module."""
+    if sync or not hasattr(module, "no_sync"):
+        return contextlib.nullcontext()
+    return module.no_sync()

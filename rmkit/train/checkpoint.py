@@ -107,10 +107,19 @@ def _config_to_dict(config) -> dict | None:
     if config is None:
         return None
     if dataclasses.is_dataclass(config):
-        return dataclasses.asdict(config)
-    if isinstance(config, dict):
-        return config
-    raise TypeError(f"config must be a dataclass or a dict, got {type(config).__name__}")
+        config = dataclasses.asdict(config)
+    if not isinstance(config, dict):
+        raise TypeError(f"config must be a dataclass or a dict, got {type(config).__name__}")
+    return _plain(config)
+
+
+def _plain(value):
+    # YAML's safe dumper knows lists, not tuples (e.g. AdamW betas).
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def _json_safe(metrics: dict) -> dict:

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from transformers import AutoModelForSequenceClassification, LlamaConfig, LlamaForSequenceClassification
 
 from rmkit.train import checkpoint as ckpt
@@ -58,7 +59,7 @@ def test_round_trip_then_training_continues_bitwise(tmp_path):
     path = ckpt.save_checkpoint(
         tmp_path, 2, model=model, optimizer=optimizer, scheduler=scheduler,
         trainer_state={"epoch": 1, "sampler": {"position": 5, "order": [3, 1, 2]}},
-        config={"rm": {"seed": 3}}, metrics={"val:validation-default_loss": 0.5, "train/loss": torch.tensor(0.7)},
+        config={"rm": {"seed": 3}, "betas": (0.9, 0.99)}, metrics={"val:validation-default_loss": 0.5, "train/loss": torch.tensor(0.7)},
     )  # fmt: skip
     assert path == tmp_path / "step_2"
     assert ckpt.verify_checkpoint(path) is None
@@ -77,7 +78,7 @@ def test_round_trip_then_training_continues_bitwise(tmp_path):
     assert sched2.state_dict()["last_epoch"] == scheduler.state_dict()["last_epoch"] == 4
     metrics = json.loads((path / "metrics.json").read_text())
     assert metrics == {"train/loss": pytest.approx(0.7), "val:validation-default_loss": 0.5}
-    assert "seed: 3" in (path / "config.yaml").read_text()
+    assert yaml.safe_load((path / "config.yaml").read_text()) == {"rm": {"seed": 3}, "betas": [0.9, 0.99]}
 
 
 def test_step_directory_loads_with_plain_transformers(tmp_path):
