@@ -1,0 +1,173 @@
+"""The reward-model training recipe, top to bottom: config -> model -> data -> optimizer -> loop -> export.
+
+One global batch per optimizer step, split into micro-batches whose losses are normalized by the global
+batch's counts (exact gradient accumulation). Validation runs every `rm.val_period` steps on every
+validation set. The loop's whole state lives in one `TrainState`.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rmkit.config import Config, save_config
+from rmkit.models import load_reward_model, load_tokenizer
+from rmkit.models.reward import ensure_pad_token
+from rmkit.models.setup import RewardForward, prepare_model, resolve_model_name, trainable_model
+from rmkit.train.datasets import item_tokens, load_run_data, make_sampler
+from rmkit.train.export import export_model, reward_stats
+from rmkit.train.logging import MetricsLogger, ProgressBar
+from rmkit.train.plots import plot_reward_histograms, plot_training_curves
+from rmkit.train.state import TrainState, build_optimizer, build_scheduler, seed_everything, set_threads
+from rmkit.train.step import STEPS, optimizer_step
+from rmkit.train.validate import validate, validate_regression
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the step that produced it was not applied."""
+
+
+@dataclass
+class TrainResult:
+    """What a finished run produced."""
+
+    final_dir: Path
+    log_dir: Path
+    steps: int
+    val_metrics: dict[str, float] = field(default_factory=dict)
+    pairs_per_s: float = 0.0
+    tokens_per_s: float = 0.0
+    plots: list[Path] = field(default_factory=list)
+
+
+def load_model(cfg: Config, device: torch.device):
+    """`(model, tokenizer)`: the backbone as a reward model with the policy's options applied."""
+    policy = cfg.policy
+    name = resolve_model_name(policy.model_name)
+    model, tokenizer = load_reward_model(name, num_labels=policy.reward_model_cfg.num_labels,
+                                         chat_template=policy.tokenizer.chat_template)
+    if policy.tokenizer.name is not None:
+        tokenizer = load_tokenizer(resolve_model_name(policy.tokenizer.name), policy.tokenizer.chat_template)
+        ensure_pad_token(model, tokenizer)
+    model = prepare_model(model, policy).to(device)
+    model.train()
+    return model, tokenizer
+
+
+def run_validation(cfg: Config, model, data, pad_id: int, logger: MetricsLogger, step: int):
+    """Validate on every set, log `validation-<name>/<metric>`, return `(metrics, rewards)`."""
+    reader = trainable_model(model)
+    max_items = cfg.rm.val_batches * cfg.rm.val_global_batch_size if cfg.rm.val_batches else None
+    if cfg.policy.reward_model_cfg.reward_model_type == "regression":
+        metrics, rewards = validate_regression(reader, data.val, pad_id, cfg.policy.precision, max_items)
+        rewards = {name: (r[:, 0], r[:0, 0]) for name, r in rewards.items()}
+    else:
+        metrics, rewards = validate(reader, data.val, pad_id, cfg.policy.precision, max_items)
+    logger.log(metrics, step)
+    return metrics, rewards
+
+
+def total_steps(cfg: Config, steps_per_epoch: int) -> int:
+    steps = cfg.rm.max_num_epochs * steps_per_epoch
+    return min(steps, cfg.rm.max_num_steps) if cfg.rm.max_num_steps else steps
+
+
+def train(cfg: Config) -> TrainResult:
+    """Train a reward model as `cfg` says; the final model goes to `<checkpoint_dir>/final/`."""
+    # --- setup: threads, seeds, output folders, the resolved config
+    set_threads(cfg.policy.num_threads)
+    seed_everything(cfg.rm.seed)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    out_dir = Path(cfg.checkpointing.checkpoint_dir)
+    log_dir = Path(cfg.logger.log_dir) if cfg.logger.log_dir else out_dir / "logs"
+    save_config(cfg, out_dir / "config.yaml")
+
+    # --- model and data (tokenized once)
+    model, tokenizer = load_model(cfg, device)
+    forward = RewardForward(model)
+    if cfg.policy.compile:
+        forward.compile(dynamic=True)  # in place: parameter names (and checkpoints) are unchanged
+    data = load_run_data(cfg, tokenizer, out_dir)
+    sampler = make_sampler(cfg, data.lengths)
+
+    # --- optimizer, schedule, state
+    optimizer = build_optimizer(model, cfg.policy.optimizer)
+    steps = total_steps(cfg, len(sampler))
+    scheduler = build_scheduler(optimizer, cfg.policy.scheduler, steps)
+    state = TrainState(model, optimizer, scheduler, sampler)
+    step_fn = STEPS[cfg.policy.reward_model_cfg.reward_model_type]
+    pad_id = tokenizer.pad_token_id
+
+    logger = MetricsLogger(log_dir, tensorboard=cfg.logger.tensorboard)
+    print(f"rmkit: training {cfg.policy.model_name} ({sum(p.numel() for p in model.parameters() if p.requires_grad):,}"
+          f" trainable parameters) for {steps} steps of {cfg.policy.train_global_batch_size} on {device}"
+          f" with {torch.get_num_threads()} threads, {cfg.policy.precision}", file=sys.stderr)
+    val_metrics, val_rewards = {}, {}
+    if cfg.rm.val_at_start and data.val:
+        val_metrics, val_rewards = run_validation(cfg, model, data, pad_id, logger, state.step)
+        print(f"rmkit: step 0: {_summary(val_metrics)}", file=sys.stderr)
+
+    # --- the loop
+    bar = ProgressBar(steps, cfg.logger.progress_bar, initial=state.step)
+    train_time, pairs_seen, tokens_seen = 0.0, 0, 0
+    window = {"time": 0.0, "pairs": 0, "tokens": 0}
+    while state.step < steps and state.epoch < cfg.rm.max_num_epochs:
+        sampler.set_epoch(state.epoch)
+        for indices in sampler:
+            t0 = time.perf_counter()
+            batch = [data.train[i] for i in indices]
+            metrics = step_fn(forward, batch, cfg.policy.train_micro_batch_size, pad_id, cfg.policy.precision, device)
+            # The one host-device sync per step: the loss must be finite before the update is applied.
+            loss = float(metrics["loss"])
+            if not math.isfinite(loss):
+                optimizer.zero_grad(set_to_none=True)
+                raise TrainingDiverged(
+                    f"the training loss became {loss} at step {state.step + 1} (epoch {state.epoch + 1}); the "
+                    f"update was not applied. Lower policy.optimizer.lr (now {cfg.policy.optimizer.lr}), set "
+                    f"policy.max_grad_norm, or check the data near this batch.")
+            lr = scheduler.get_last_lr()[0]
+            grad_norm = optimizer_step(model, optimizer, scheduler, cfg.policy.max_grad_norm)
+            state.step += 1
+            dt = time.perf_counter() - t0
+            tokens = sum(item_tokens(item) for item in batch)
+            train_time, pairs_seen, tokens_seen = train_time + dt, pairs_seen + len(batch), tokens_seen + tokens
+            window = {"time": window["time"] + dt, "pairs": window["pairs"] + len(batch),
+                      "tokens": window["tokens"] + tokens}
+            acc = float(metrics["acc"]) if "acc" in metrics else math.nan
+            bar.update(loss, acc, window["pairs"] / window["time"], window["tokens"] / window["time"])
+            if state.step % cfg.rm.log_period == 0 or state.step == steps:
+                logger.log({"train/loss": loss, "train/acc": acc, "train/grad_norm": float(grad_norm),
+                            "train/lr": lr, "train/pairs_per_s": window["pairs"] / window["time"],
+                            "train/tokens_per_s": window["tokens"] / window["time"]}, state.step)
+                window = {"time": 0.0, "pairs": 0, "tokens": 0}
+            last = state.step == steps
+            if data.val and cfg.rm.val_period and state.step % cfg.rm.val_period == 0 and not last:
+                val_metrics, val_rewards = run_validation(cfg, model, data, pad_id, logger, state.step)
+                bar.write(f"rmkit: step {state.step}: {_summary(val_metrics)}")
+            if last:
+                break
+        state.epoch += 1
+    bar.close()
+    if data.val and (cfg.rm.val_at_end or not val_rewards):
+        val_metrics, val_rewards = run_validation(cfg, model, data, pad_id, logger, state.step)
+        print(f"rmkit: step {state.step}: {_summary(val_metrics)}", file=sys.stderr)
+    logger.close()
+
+    # --- export and plots
+    final_dir = export_model(model, tokenizer, out_dir / "final", cfg, reward_stats(val_rewards))
+    plots = []
+    if cfg.logger.plots:
+        plots = [p for p in (plot_training_curves(logger.history, log_dir / "training_curves.png"),
+                             plot_reward_histograms(val_rewards, log_dir / "reward_histograms.png")) if p]
+    return TrainResult(final_dir, log_dir, state.step, val_metrics, pairs_seen / max(train_time, 1e-9),
+                       tokens_seen / max(train_time, 1e-9), plots)
+
+
+def _summary(metrics: dict[str, float]) -> str:
+    keys = [k for k in metrics if k.endswith(("/loss", "/acc"))]
+    return ", ".join(f"{k} {metrics[k]:.4f}" for k in keys)
