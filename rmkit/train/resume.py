@@ -82,7 +82,10 @@ def restore_training_state(path: Path, state, device: torch.device) -> dict:
     saved = load_checkpoint(
         path, model=state.model, optimizer=state.optimizer, scheduler=state.scheduler, map_location=device
     )
-    state.sampler.load_state_dict(saved["sampler"])
+    try:
+        state.sampler.load_state_dict(saved["sampler"])
+    except ValueError as err:  # the data or the seed changed since the checkpoint
+        raise ConfigError("checkpointing.resume", f"cannot continue {path}: {err}") from None
     state.step, state.epoch = saved["step"], saved["epoch"]
     rngs = saved["rng"]
     if len(rngs) != dist.world_size():

@@ -114,9 +114,8 @@ def test_sigkill_mid_write_leaves_previous_checkpoint(tmp_path):
     # A real process killed while writing step_2 (after its weights, before the manifest and rename).
     script = textwrap.dedent(f"""
         import os, signal, torch
-        from tests.scale.test_checkpoint import tiny_model
         from rmkit.train import checkpoint as ckpt
-        model = tiny_model()
+        model = torch.nn.Linear(64, 64)  # plain torch: no transformers import, a quick subprocess
         ckpt.save_checkpoint({str(tmp_path)!r}, 1, model=model)
         def die(*a, **k):
             os.kill(os.getpid(), signal.SIGKILL)
@@ -131,7 +130,7 @@ def test_sigkill_mid_write_leaves_previous_checkpoint(tmp_path):
     names = sorted(p.name for p in tmp_path.iterdir())
     assert names[0].startswith(ckpt.TMP_PREFIX) and names[1:] == ["step_1"]  # the half-written one is hidden
     assert ckpt.latest_valid_checkpoint(tmp_path) == tmp_path / "step_1"
-    ckpt.save_checkpoint(tmp_path, 2, model=tiny_model())  # the next save sweeps the leftover away
+    ckpt.save_checkpoint(tmp_path, 2, model=torch.nn.Linear(64, 64))  # the next save sweeps the leftover away
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1", "step_2"]
 
 
