@@ -80,6 +80,20 @@ def run_validation(cfg: Config, model, data, pad_id: int, logger: MetricsLogger,
     return metrics, rewards
 
 
+def open_logger(cfg: Config, log_dir: Path, resumed_step: int | None):
+    """Rank 0: metrics.jsonl, TensorBoard, W&B and MLflow as configured; a resumed run first cuts the log
+    back to its checkpoint's step. Other ranks log nothing."""
+    if not dist.is_main():
+        return NullLogger()
+    resumed = resumed_step is not None
+    history = rewind_metrics_log(log_dir / "metrics.jsonl", resumed_step) if resumed else []
+    backends = build_loggers(cfg.logger.wandb, cfg.logger.mlflow, log_dir, config_to_dict(cfg))
+    logger = MetricsLogger(log_dir, tensorboard=cfg.logger.tensorboard, backends=backends,
+                           purge_step=resumed_step + 1 if resumed else None)
+    logger.history = history
+    return logger
+
+
 def total_steps(cfg: Config, steps_per_epoch: int) -> int:
     steps = cfg.rm.max_num_epochs * steps_per_epoch
     return min(steps, cfg.rm.max_num_steps) if cfg.rm.max_num_steps else steps
@@ -117,16 +131,10 @@ def train(cfg: Config) -> TrainResult:
     # --- resume: weights, optimizer, schedule, sampler position, RNG, step; the log rewound to match
     resume_from = resolve_resume(out_dir, cfg.checkpointing.resume)
     saved = restore_training_state(resume_from, state, device) if resume_from else {}
-    logger = NullLogger()
+    logger = open_logger(cfg, log_dir, state.step if resume_from else None)
     if dist.is_main():
-        history = rewind_metrics_log(log_dir / "metrics.jsonl", state.step) if resume_from else []
-        backends = build_loggers(cfg.logger.wandb, cfg.logger.mlflow, log_dir, config_to_dict(cfg))
-        logger = MetricsLogger(log_dir, tensorboard=cfg.logger.tensorboard, backends=backends,
-                               purge_step=state.step + 1 if resume_from else None)
-        logger.history = history
-    if resume_from and dist.is_main():
-        print(f"rmkit: resuming from {resume_from} (step {state.step}, epoch {state.epoch + 1})", file=sys.stderr)
-    if dist.is_main():
+        if resume_from:
+            print(f"rmkit: resuming from {resume_from} (step {state.step}, epoch {state.epoch + 1})", file=sys.stderr)
         print(f"rmkit: training {cfg.policy.model_name} ({sum(p.numel() for p in model.parameters() if p.requires_grad):,}"
           f" trainable parameters) for {steps} steps of {cfg.policy.train_global_batch_size} on {device}"
           f" with {torch.get_num_threads()} threads, {cfg.policy.precision}", file=sys.stderr)
