@@ -80,13 +80,14 @@ def run_validation(cfg: Config, model, data, pad_id: int, logger: MetricsLogger,
     return metrics, rewards
 
 
-def open_logger(cfg: Config, log_dir: Path, resumed_step: int | None):
+def open_logger(cfg: Config, log_dir: Path, resumed_step: int | None, finished: bool):
     """Rank 0: metrics.jsonl, TensorBoard, W&B and MLflow as configured; a resumed run first cuts the log
-    back to its checkpoint's step. Other ranks log nothing."""
+    back to its checkpoint's step (and its final validation when `finished`, as it runs again). Other
+    ranks log nothing."""
     if not dist.is_main():
         return NullLogger()
     resumed = resumed_step is not None
-    history = rewind_metrics_log(log_dir / "metrics.jsonl", resumed_step) if resumed else []
+    history = rewind_metrics_log(log_dir / "metrics.jsonl", resumed_step, finished) if resumed else []
     backends = build_loggers(cfg.logger.wandb, cfg.logger.mlflow, log_dir, config_to_dict(cfg))
     logger = MetricsLogger(log_dir, tensorboard=cfg.logger.tensorboard, backends=backends,
                            purge_step=resumed_step + 1 if resumed else None)
@@ -131,7 +132,7 @@ def train(cfg: Config) -> TrainResult:
     # --- resume: weights, optimizer, schedule, sampler position, RNG, step; the log rewound to match
     resume_from = resolve_resume(out_dir, cfg.checkpointing.resume)
     saved = restore_training_state(resume_from, state, device) if resume_from else {}
-    logger = open_logger(cfg, log_dir, state.step if resume_from else None)
+    logger = open_logger(cfg, log_dir, state.step if resume_from else None, state.step >= steps)
     if dist.is_main():
         if resume_from:
             print(f"rmkit: resuming from {resume_from} (step {state.step}, epoch {state.epoch + 1})", file=sys.stderr)

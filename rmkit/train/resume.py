@@ -128,9 +128,12 @@ def save_training_checkpoint(cfg, state, metrics: dict, extra: dict | None = Non
     return path
 
 
-def rewind_metrics_log(path: Path, step: int) -> list[dict]:
+def rewind_metrics_log(path: Path, step: int, revalidates: bool = False) -> list[dict]:
     """Drop the records after `step` from a metrics.jsonl (a killed run logged past its last checkpoint)
-    so the resumed run's log reads as one uninterrupted run; return the records kept (the plot history)."""
+    so the resumed run's log reads as one uninterrupted run; return the records kept (the plot history).
+
+    `revalidates`: the resumed run validates at `step` again (it resumes from the run's last step, whose
+    checkpoint follows the final validation), so that step's validation records go too."""
     if not path.is_file():
         return []
     kept_lines, history = [], []
@@ -139,7 +142,9 @@ def rewind_metrics_log(path: Path, step: int) -> list[dict]:
             record = json.loads(line)
         except ValueError:  # a line cut short by the kill
             continue
-        if record.get("step", math.inf) <= step:
+        at = record.get("step", math.inf)
+        repeated = revalidates and at == step and any(k.startswith("validation-") for k in record)
+        if at <= step and not repeated:
             kept_lines.append(line)
             history.append({k: (math.nan if v is None else v) for k, v in record.items()})
     tmp = path.with_name(path.name + ".tmp")

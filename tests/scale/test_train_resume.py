@@ -148,3 +148,17 @@ def test_top_k_retention_on_a_real_run(uninterrupted):
     assert set(kept) == set(best_two) | {STEPS}
     saved = json.loads((uninterrupted / f"step_{STEPS}" / "metrics.json").read_text())
     assert saved["val:validation-default_loss"] == losses[STEPS]
+
+
+def test_resume_of_a_finished_run_changes_nothing(assets, uninterrupted, tmp_path, capsys):
+    # Killed after its last checkpoint (during export): resuming re-validates and re-exports, and the
+    # log still reads as one run (the final validation is not logged twice).
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(uninterrupted, out)
+    shutil.rmtree(out / "final")
+    err = rmkit_train(capsys, "--config", write_config(tmp_path / "rm.yaml", assets, out), "--resume")
+    assert f"resuming from {out / f'step_{STEPS}'}" in err
+    assert metrics(out) == metrics(uninterrupted)
+    assert_bitwise_equal(weights(out / "final"), weights(uninterrupted / "final"))
