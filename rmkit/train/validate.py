@@ -8,6 +8,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from rmkit.distributed import all_gather_cat, shard
 from rmkit.models import score_sequences
 from rmkit.models.setup import autocast
 
@@ -52,15 +53,18 @@ def regression_metrics(predictions: torch.Tensor, labels: torch.Tensor) -> dict[
 
 def score_pairs(model, pairs: Sequence, pad_token_id: int, precision: str,
                 max_batch_tokens: int = 16384) -> tuple[torch.Tensor, torch.Tensor]:
-    """`[N, K]` chosen and rejected rewards of tokenized pairs (`.chosen_ids`, `.rejected_ids`)."""
-    sequences = [ids for p in pairs for ids in (p.chosen_ids, p.rejected_ids)]  # interleaved
+    """`[N, K]` chosen and rejected rewards of tokenized pairs (`.chosen_ids`, `.rejected_ids`).
+
+    Under data parallelism each rank scores its contiguous share and the rewards are gathered in rank
+    order, so every rank returns all N rows in the original order."""
+    sequences = [ids for p in shard(pairs) for ids in (p.chosen_ids, p.rejected_ids)]  # interleaved
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     with autocast(precision, device):
         rewards = score_sequences(model, sequences, pad_token_id, max_batch_tokens=max_batch_tokens)
     model.train(was_training)
-    return rewards[0::2], rewards[1::2]
+    return all_gather_cat(rewards[0::2]), all_gather_cat(rewards[1::2])
 
 
 def validate(model, val_sets: dict[str, Sequence], pad_token_id: int, precision: str,
@@ -85,8 +89,9 @@ def validate_regression(model, val_sets: dict[str, Sequence], pad_token_id: int,
         examples = examples[:max_examples] if max_examples is not None else examples
         model.eval()
         with autocast(precision, device):
-            predictions = score_sequences(model, [e.input_ids for e in examples], pad_token_id)
+            predictions = score_sequences(model, [e.input_ids for e in shard(examples)], pad_token_id)
         model.train()
+        predictions = all_gather_cat(predictions)
         labels = torch.tensor([list(e.labels) for e in examples], dtype=torch.float64)
         rewards[name] = predictions
         for key, value in regression_metrics(predictions, labels).items():
