@@ -20,6 +20,7 @@ from typing import Any, Literal
 import yaml
 
 from rmkit.errors import ConfigError
+from rmkit.train.loggers import MlflowConfig, WandbConfig  # logger.wandb / logger.mlflow, documented there
 
 Precision = Literal["float32", "bfloat16"]
 
@@ -235,25 +236,11 @@ class CheckpointingConfig:
     keep_top_k: int | None = 3
     """Checkpoints kept; None: all."""
     save_period: int = 100
-    """Save every this many steps."""
-
-
-@dataclass
-class WandbConfig:
-    """`logger.wandb.*` (needs the `wandb` extra)."""
-
-    enabled: bool = False
-    project: str = "rmkit"
-    name: str | None = None
-
-
-@dataclass
-class MlflowConfig:
-    """`logger.mlflow.*` (needs the `mlflow` extra)."""
-
-    enabled: bool = False
-    experiment_name: str = "rmkit"
-    tracking_uri: str | None = None
+    """Save every this many steps (and at the last step); a multiple of `rm.val_period` keeps the
+    top-k metric fresh."""
+    resume: str | None = None
+    """None: start fresh; `auto`: continue from the newest valid `step_<N>` in `checkpoint_dir` (a
+    fresh start when there is none; `rmkit train --resume` sets this); or the path of a `step_<N>`."""
 
 
 @dataclass

@@ -15,6 +15,7 @@ from rmkit.data.validate import finite_number, get_field, messages, optional_num
 
 FORMATS = ("auto", "binary", "ranked", "aligner", "helpsteer3", "tulu3", "hh_rlhf")
 HH_ASSISTANT = "\n\nAssistant:"
+TIE_PREFIX = "tie: "  # how a tie skipped under keep_ties=True is reported
 
 
 @dataclass(frozen=True)
@@ -27,13 +28,14 @@ class FormatOptions:
     margin_key: str | None = "margin"
     text_key: str = "text"
     keep_ties: bool = False
+    allow_empty_response: bool = False
 
 
 def parse_binary(record: RawRecord, opts: FormatOptions) -> tuple[list[PreferencePair], list[str]]:
     """`{prompt, chosen, rejected[, margin]}`: text or chat messages; keys are configurable."""
     prompt = text_or_messages(record, opts.prompt_key)
-    chosen = text_or_messages(record, opts.chosen_key)
-    rejected = text_or_messages(record, opts.rejected_key)
+    chosen = text_or_messages(record, opts.chosen_key, allow_empty=opts.allow_empty_response)
+    rejected = text_or_messages(record, opts.rejected_key, allow_empty=opts.allow_empty_response)
     margin = optional_number(record, opts.margin_key)
     return [PreferencePair(prompt, chosen, rejected, margin, record.source)], []
 
@@ -52,7 +54,7 @@ def parse_ranked(record: RawRecord, opts: FormatOptions) -> tuple[list[Preferenc
         if not isinstance(item, dict):
             raise record.error(where, f"expected an object with 'rank' and 'completion', got {type(item).__name__}")
         rank = finite_number(record, f"{where}.rank", item.get("rank"))
-        ranked.append((rank, text_or_messages(record, f"{where}.completion", item.get("completion"))))
+        ranked.append((rank, text_or_messages(record, f"{where}.completion", item.get("completion"), opts.allow_empty_response)))
     pairs, skipped = [], []
     for i in range(len(ranked)):
         for j in range(i + 1, len(ranked)):
@@ -63,7 +65,7 @@ def parse_ranked(record: RawRecord, opts: FormatOptions) -> tuple[list[Preferenc
                         "completions", f"completions {i} and {j} have the same rank {rank_i:g} (a tie); "
                         "pass keep_ties=True (--keep-ties) to skip tied pairs"
                     )
-                skipped.append(f"tie: completions {i} and {j} have rank {rank_i:g}")
+                skipped.append(f"{TIE_PREFIX}completions {i} and {j} have rank {rank_i:g}")
                 continue
             chosen, rejected = (comp_i, comp_j) if rank_i < rank_j else (comp_j, comp_i)
             pairs.append(PreferencePair(context, chosen, rejected, None, record.source))
@@ -74,13 +76,13 @@ def parse_helpsteer3(record: RawRecord, opts: FormatOptions) -> tuple[list[Prefe
     """HelpSteer3 preference: `{context, response1, response2, overall_preference}` as NeMo RL
     preprocesses it: < 0 means response1 is chosen, > 0 response2; 0 is a tie (see `keep_ties`)."""
     context = text_or_messages(record, "context")
-    response1 = text_or_messages(record, "response1")
-    response2 = text_or_messages(record, "response2")
+    response1 = text_or_messages(record, "response1", allow_empty=opts.allow_empty_response)
+    response2 = text_or_messages(record, "response2", allow_empty=opts.allow_empty_response)
     preference = finite_number(record, "overall_preference")
     if preference == 0:
         if not opts.keep_ties:
             raise record.error("overall_preference", "is 0 (a tie); pass keep_ties=True (--keep-ties) to skip ties")
-        return [], ["tie: overall_preference is 0"]
+        return [], [f"{TIE_PREFIX}overall_preference is 0"]
     chosen, rejected = (response1, response2) if preference < 0 else (response2, response1)
     return [PreferencePair(context, chosen, rejected, None, record.source)], []
 

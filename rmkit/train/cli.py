@@ -15,6 +15,9 @@ def build_parser() -> argparse.ArgumentParser:
                     "rm.max_num_steps=100 data.val_data_paths.hh=../shared/data/hh_harmless_val.jsonl",
     )
     parser.add_argument("--config", help="YAML config (default: all defaults = configs/default.yaml's run)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the newest valid checkpoint in checkpointing.checkpoint_dir "
+                             "(= checkpointing.resume=auto)")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     return parser
 
@@ -39,7 +42,7 @@ print(m(**t('Question? Answer.', return_tensors='pt')).logits)"
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    cfg = load_config(args.config, args.overrides)
+    cfg = load_config(args.config, args.overrides + (["checkpointing.resume=auto"] if args.resume else []))
 
     from rmkit.train.recipe import TrainingDiverged, train  # heavy imports only once the config is valid
 
@@ -48,6 +51,10 @@ def main(argv: list[str]) -> int:
     except TrainingDiverged as err:
         print(f"rmkit train: training failed: {err}", file=sys.stderr)
         return 1
+    from rmkit import distributed as dist
+
+    if not dist.is_main():  # under torchrun, rank 0 reports
+        return 0
     print(f"rmkit: trained {result.steps} steps at {result.pairs_per_s:.2f} pairs/s, "
           f"{result.tokens_per_s:.0f} tokens/s (training only, validation excluded)", file=sys.stderr)
     if result.val_metrics:

@@ -6,8 +6,10 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from rmkit import distributed as dist
 from rmkit.config import Config
 from rmkit.data import load_preference_data, load_regression_data, write_rejects
+from rmkit.data.sampler import LengthGroupedBatchSampler
 from rmkit.data.tokenize import tokenize_pairs, tokenize_regression
 
 RESOURCES = Path(__file__).resolve().parents[1] / "resources"
@@ -46,11 +48,12 @@ def _load_and_tokenize(path: str, cfg: Config, tokenizer, rejects_path: Path, la
         tokenized = tokenize_pairs(loaded.records, tokenizer, max_length, overlong=data.overlong)
         items = tokenized.pairs
     skipped = list(loaded.skipped) + list(tokenized.dropped)
-    if skipped:
-        write_rejects(rejects_path, skipped)
-    print(f"rmkit: {label}: {len(items)} {'examples' if cfg.policy.reward_model_cfg.reward_model_type == 'regression' else 'pairs'}"
-          f" from {path} ({tokenized.truncated} truncated to {max_length} tokens"
-          + (f", {len(skipped)} skipped -> {rejects_path}" if skipped else "") + ")", file=sys.stderr)
+    if dist.is_main():  # every rank loads the same data; one of them reports it
+        if skipped:
+            write_rejects(rejects_path, skipped)
+        print(f"rmkit: {label}: {len(items)} {'examples' if cfg.policy.reward_model_cfg.reward_model_type == 'regression' else 'pairs'}"
+              f" from {path} ({tokenized.truncated} truncated to {max_length} tokens"
+              + (f", {len(skipped)} skipped -> {rejects_path}" if skipped else "") + ")", file=sys.stderr)
     return items
 
 
@@ -87,8 +90,12 @@ def make_sampler(cfg: Config, lengths: list[int]):
     `random` is a plain shuffle (each length its own bucket is not needed: all lengths equal)."""
     if cfg.data.batching == "random":
         lengths = [0] * len(lengths)  # one length: grouping degenerates into a plain shuffle
-    try:
-        from rmkit.data.sampler import LengthGroupedBatchSampler
-    except ImportError:  # TEMPORARY until the data branch's sampler is merged
-        from rmkit.train._sampler_fallback import LengthGroupedBatchSampler
-    return LengthGroupedBatchSampler(lengths, batch_size=cfg.policy.train_global_batch_size, seed=cfg.rm.seed)
+    # Every data-parallel rank builds the same global batches and takes its own slice of each.
+    world = dist.world_size()
+    if cfg.policy.train_global_batch_size % world:
+        from rmkit.errors import ConfigError
+
+        raise ConfigError("policy.train_global_batch_size",
+                          f"{cfg.policy.train_global_batch_size} does not divide among {world} processes")
+    return LengthGroupedBatchSampler(lengths, batch_size=cfg.policy.train_global_batch_size // world,
+                                     seed=cfg.rm.seed, num_replicas=world, rank=dist.rank())

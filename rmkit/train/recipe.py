@@ -15,14 +15,22 @@ from pathlib import Path
 
 import torch
 
-from rmkit.config import Config, save_config
+from rmkit import distributed as dist
+from rmkit.config import Config, config_to_dict, save_config
 from rmkit.models import load_reward_model, load_tokenizer
 from rmkit.models.reward import ensure_pad_token
 from rmkit.models.setup import RewardForward, prepare_model, resolve_model_name, trainable_model
 from rmkit.train.datasets import item_tokens, load_run_data, make_sampler
 from rmkit.train.export import export_model, reward_stats
-from rmkit.train.logging import MetricsLogger, ProgressBar
+from rmkit.train.loggers import build_loggers
+from rmkit.train.logging import MetricsLogger, NullLogger, ProgressBar, StepWindow
 from rmkit.train.plots import plot_reward_histograms, plot_training_curves
+from rmkit.train.resume import (
+    resolve_resume,
+    restore_training_state,
+    rewind_metrics_log,
+    save_training_checkpoint,
+)
 from rmkit.train.state import TrainState, build_optimizer, build_scheduler, seed_everything, set_threads
 from rmkit.train.step import STEPS, optimizer_step
 from rmkit.train.validate import validate, validate_regression
@@ -72,6 +80,21 @@ def run_validation(cfg: Config, model, data, pad_id: int, logger: MetricsLogger,
     return metrics, rewards
 
 
+def open_logger(cfg: Config, log_dir: Path, resumed_step: int | None, finished: bool):
+    """Rank 0: metrics.jsonl, TensorBoard, W&B and MLflow as configured; a resumed run first cuts the log
+    back to its checkpoint's step (and its final validation when `finished`, as it runs again). Other
+    ranks log nothing."""
+    if not dist.is_main():
+        return NullLogger()
+    resumed = resumed_step is not None
+    history = rewind_metrics_log(log_dir / "metrics.jsonl", resumed_step, finished) if resumed else []
+    backends = build_loggers(cfg.logger.wandb, cfg.logger.mlflow, log_dir, config_to_dict(cfg))
+    logger = MetricsLogger(log_dir, tensorboard=cfg.logger.tensorboard, backends=backends,
+                           purge_step=resumed_step + 1 if resumed else None)
+    logger.history = history
+    return logger
+
+
 def total_steps(cfg: Config, steps_per_epoch: int) -> int:
     steps = cfg.rm.max_num_epochs * steps_per_epoch
     return min(steps, cfg.rm.max_num_steps) if cfg.rm.max_num_steps else steps
@@ -82,16 +105,19 @@ def train(cfg: Config) -> TrainResult:
     # --- setup: threads, seeds, output folders, the resolved config
     set_threads(cfg.policy.num_threads)
     seed_everything(cfg.rm.seed)
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    info = dist.init_distributed()  # a no-op without torchrun; rank 0 alone writes and prints
+    device = info.device
     out_dir = Path(cfg.checkpointing.checkpoint_dir)
     log_dir = Path(cfg.logger.log_dir) if cfg.logger.log_dir else out_dir / "logs"
-    save_config(cfg, out_dir / "config.yaml")
+    if dist.is_main():
+        save_config(cfg, out_dir / "config.yaml")
 
     # --- model and data (tokenized once)
     model, tokenizer = load_model(cfg, device)
     forward = RewardForward(model)
     if cfg.policy.compile:
         forward.compile(dynamic=True)  # in place: parameter names (and checkpoints) are unchanged
+    forward = dist.wrap_data_parallel(forward, info)  # DDP under torchrun: gradients summed over ranks
     data = load_run_data(cfg, tokenizer, out_dir)
     sampler = make_sampler(cfg, data.lengths)
 
@@ -103,19 +129,25 @@ def train(cfg: Config) -> TrainResult:
     step_fn = STEPS[cfg.policy.reward_model_cfg.reward_model_type]
     pad_id = tokenizer.pad_token_id
 
-    logger = MetricsLogger(log_dir, tensorboard=cfg.logger.tensorboard)
-    print(f"rmkit: training {cfg.policy.model_name} ({sum(p.numel() for p in model.parameters() if p.requires_grad):,}"
+    # --- resume: weights, optimizer, schedule, sampler position, RNG, step; the log rewound to match
+    resume_from = resolve_resume(out_dir, cfg.checkpointing.resume)
+    saved = restore_training_state(resume_from, state, device) if resume_from else {}
+    logger = open_logger(cfg, log_dir, state.step if resume_from else None, state.step >= steps)
+    if dist.is_main():
+        if resume_from:
+            print(f"rmkit: resuming from {resume_from} (step {state.step}, epoch {state.epoch + 1})", file=sys.stderr)
+        print(f"rmkit: training {cfg.policy.model_name} ({sum(p.numel() for p in model.parameters() if p.requires_grad):,}"
           f" trainable parameters) for {steps} steps of {cfg.policy.train_global_batch_size} on {device}"
           f" with {torch.get_num_threads()} threads, {cfg.policy.precision}", file=sys.stderr)
-    val_metrics, val_rewards = {}, {}
-    if cfg.rm.val_at_start and data.val:
+    val_metrics, val_rewards = saved.get("val_metrics", {}), {}
+    if cfg.rm.val_at_start and data.val and not resume_from:
         val_metrics, val_rewards = run_validation(cfg, model, data, pad_id, logger, state.step)
-        print(f"rmkit: step 0: {_summary(val_metrics)}", file=sys.stderr)
+        if dist.is_main():
+            print(f"rmkit: step 0: {_summary(val_metrics)}", file=sys.stderr)
 
     # --- the loop
-    bar = ProgressBar(steps, cfg.logger.progress_bar, initial=state.step)
-    train_time, pairs_seen, tokens_seen = 0.0, 0, 0
-    window = {"time": 0.0, "pairs": 0, "tokens": 0}
+    bar = ProgressBar(steps, cfg.logger.progress_bar and dist.is_main(), initial=state.step)
+    total, window = StepWindow(), StepWindow()
     while state.step < steps and state.epoch < cfg.rm.max_num_epochs:
         sampler.set_epoch(state.epoch)
         for indices in sampler:
@@ -123,7 +155,7 @@ def train(cfg: Config) -> TrainResult:
             batch = [data.train[i] for i in indices]
             metrics = step_fn(forward, batch, cfg.policy.train_micro_batch_size, pad_id, cfg.policy.precision, device)
             # The one host-device sync per step: the loss must be finite before the update is applied.
-            loss = float(metrics["loss"])
+            loss, acc = torch.stack([metrics["loss"], metrics.get("acc", torch.full_like(metrics["loss"], math.nan))]).tolist()
             if not math.isfinite(loss):
                 optimizer.zero_grad(set_to_none=True)
                 raise TrainingDiverged(
@@ -135,37 +167,41 @@ def train(cfg: Config) -> TrainResult:
             state.step += 1
             dt = time.perf_counter() - t0
             tokens = sum(item_tokens(item) for item in batch)
-            train_time, pairs_seen, tokens_seen = train_time + dt, pairs_seen + len(batch), tokens_seen + tokens
-            window = {"time": window["time"] + dt, "pairs": window["pairs"] + len(batch),
-                      "tokens": window["tokens"] + tokens}
-            acc = float(metrics["acc"]) if "acc" in metrics else math.nan
-            bar.update(loss, acc, window["pairs"] / window["time"], window["tokens"] / window["time"])
+            for w in (total, window):
+                w.add(dt, len(batch), tokens, loss, acc)
+            bar.update(loss, acc, *window.rates())
             if state.step % cfg.rm.log_period == 0 or state.step == steps:
-                logger.log({"train/loss": loss, "train/acc": acc, "train/grad_norm": float(grad_norm),
-                            "train/lr": lr, "train/pairs_per_s": window["pairs"] / window["time"],
-                            "train/tokens_per_s": window["tokens"] / window["time"]}, state.step)
-                window = {"time": 0.0, "pairs": 0, "tokens": 0}
+                logger.log({**window.metrics(), "train/grad_norm": float(grad_norm), "train/lr": lr}, state.step)
+                window = StepWindow()
             last = state.step == steps
             if data.val and cfg.rm.val_period and state.step % cfg.rm.val_period == 0 and not last:
                 val_metrics, val_rewards = run_validation(cfg, model, data, pad_id, logger, state.step)
                 bar.write(f"rmkit: step {state.step}: {_summary(val_metrics)}")
+            ckpt = cfg.checkpointing
+            if ckpt.enabled and ckpt.save_period and state.step % ckpt.save_period == 0 and not last:
+                save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics})
             if last:
                 break
         state.epoch += 1
     bar.close()
     if data.val and (cfg.rm.val_at_end or not val_rewards):
         val_metrics, val_rewards = run_validation(cfg, model, data, pad_id, logger, state.step)
-        print(f"rmkit: step {state.step}: {_summary(val_metrics)}", file=sys.stderr)
+        if dist.is_main():
+            print(f"rmkit: step {state.step}: {_summary(val_metrics)}", file=sys.stderr)
+    if cfg.checkpointing.enabled:  # the last step, with the final validation as its metrics
+        save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics})
     logger.close()
 
-    # --- export and plots
-    final_dir = export_model(model, tokenizer, out_dir / "final", cfg, reward_stats(val_rewards))
+    # --- export and plots (rank 0)
+    final_dir = out_dir / "final"
+    if dist.is_main():
+        export_model(model, tokenizer, final_dir, cfg, reward_stats(val_rewards))
     plots = []
-    if cfg.logger.plots:
+    if cfg.logger.plots and dist.is_main():
         plots = [p for p in (plot_training_curves(logger.history, log_dir / "training_curves.png"),
                              plot_reward_histograms(val_rewards, log_dir / "reward_histograms.png")) if p]
-    return TrainResult(final_dir, log_dir, state.step, val_metrics, pairs_seen / max(train_time, 1e-9),
-                       tokens_seen / max(train_time, 1e-9), plots)
+    dist.destroy()
+    return TrainResult(final_dir, log_dir, state.step, val_metrics, *total.rates(), plots)
 
 
 def _summary(metrics: dict[str, float]) -> str:

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 import torch
 
 from rmkit.data.collate import collate_pairs, collate_regression
+from rmkit.data.tokenize import TokenizedExample, TokenizedPair
+from rmkit.distributed import all_reduce_sum, sync_gradients
 from rmkit.models.setup import autocast
 from rmkit.train.objectives import bradley_terry_loss, regression_loss, valid_label_count
 
@@ -28,21 +30,34 @@ def _to(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
+def _masked_out(batch: dict, placeholder: bool) -> dict:
+    # Data parallelism: a rank whose share of a short last global batch is empty still runs one
+    # placeholder row with sample_mask 0, so it joins the gradient all-reduce with zero gradients.
+    if placeholder:
+        batch["sample_mask"] = torch.zeros_like(batch["sample_mask"])
+    return batch
+
+
 def bradley_terry_step(forward: torch.nn.Module, pairs: Sequence, micro_size: int, pad_token_id: int,
                        precision: str, device: torch.device) -> dict[str, torch.Tensor]:
     """Forward/backward of a global batch of tokenized pairs; returns `loss` (the global-batch loss),
     `acc` and `num_pairs` as tensors. Gradients are left in `.grad` for the optimizer step."""
-    global_valid_seqs = torch.tensor(2.0 * len(pairs), device=device)  # all-reduce here for DDP
+    # Under data parallelism `pairs` is this rank's share and the counts are the global batch's.
+    global_valid_seqs = all_reduce_sum(torch.tensor(2.0 * len(pairs), device=device))
     loss_sum = torch.zeros((), device=device)
     correct = torch.zeros((), device=device)
-    for micro in _micro_batches(pairs, micro_size, lambda p: max(len(p.chosen_ids), len(p.rejected_ids))):
-        batch = _to(collate_pairs(micro, pad_token_id), device)
-        with autocast(precision, device):
-            rewards = forward(batch["input_ids"], batch["attention_mask"])  # [2n, 1], interleaved
-        loss, micro_correct = bradley_terry_loss(rewards, batch["margin"], batch["sample_mask"], global_valid_seqs)
-        loss.backward()
+    micros = _micro_batches(pairs, micro_size, lambda p: max(len(p.chosen_ids), len(p.rejected_ids)))
+    micros = micros or [[TokenizedPair([pad_token_id], [pad_token_id])]]
+    for i, micro in enumerate(micros):
+        batch = _to(_masked_out(collate_pairs(micro, pad_token_id), not pairs), device)
+        with sync_gradients(forward, sync=i == len(micros) - 1):  # DDP reduces after the last one
+            with autocast(precision, device):
+                rewards = forward(batch["input_ids"], batch["attention_mask"])  # [2n, 1], interleaved
+            loss, micro_correct = bradley_terry_loss(rewards, batch["margin"], batch["sample_mask"], global_valid_seqs)
+            loss.backward()
         loss_sum += loss.detach()
         correct += micro_correct.sum()
+    loss_sum, correct = all_reduce_sum(torch.stack([loss_sum, correct]))  # the whole global batch's, to log
     return {"loss": loss_sum, "acc": correct / (global_valid_seqs / 2)}
 
 
@@ -50,16 +65,20 @@ def regression_step(forward: torch.nn.Module, examples: Sequence, micro_size: in
                     precision: str, device: torch.device) -> dict[str, torch.Tensor]:
     """Regression counterpart of `bradley_terry_step`: MSE over present labels of the global batch."""
     labels = torch.tensor([list(e.labels) for e in examples])
-    global_valid_labels = valid_label_count(labels, torch.ones(len(examples))).to(device)
+    global_valid_labels = all_reduce_sum(valid_label_count(labels, torch.ones(len(examples))).to(device))
     loss_sum = torch.zeros((), device=device)
-    for micro in _micro_batches(examples, micro_size, lambda e: len(e.input_ids)):
-        batch = _to(collate_regression(micro, pad_token_id), device)
-        with autocast(precision, device):
-            rewards = forward(batch["input_ids"], batch["attention_mask"])  # [b, K]
-        loss, _ = regression_loss(rewards, batch["labels"], batch["sample_mask"], global_valid_labels)
-        loss.backward()
+    micros = _micro_batches(examples, micro_size, lambda e: len(e.input_ids))
+    micros = micros or [[TokenizedExample([pad_token_id], ())]]
+    for i, micro in enumerate(micros):
+        batch = _to(_masked_out(collate_regression(micro, pad_token_id), not examples), device)
+        with sync_gradients(forward, sync=i == len(micros) - 1):
+            with autocast(precision, device):
+                rewards = forward(batch["input_ids"], batch["attention_mask"])  # [b, K]
+            labels = batch["labels"] if examples else torch.full_like(rewards, -100.0)
+            loss, _ = regression_loss(rewards, labels, batch["sample_mask"], global_valid_labels)
+            loss.backward()
         loss_sum += loss.detach()
-    return {"loss": loss_sum}
+    return {"loss": all_reduce_sum(loss_sum)}
 
 
 STEPS = {"bradley_terry": bradley_terry_step, "regression": regression_step}

@@ -6,34 +6,21 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
+from rmkit.distributed import all_gather_cat, shard
+from rmkit.metrics import reward_model_metrics
 from rmkit.models import score_sequences
 from rmkit.models.setup import autocast
 
 
 def pair_metrics(chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, float]:
-    """DESIGN.md's reward-model metrics of `[N]` chosen and rejected rewards.
-
-    `loss` is the mean of `-log sigmoid(r_c - r_r)`, `acc` counts `r_c > r_r` strictly (a tie is wrong),
-    `rewards_all_std` is unbiased over the 2N rewards together.
-    """
-    chosen, rejected = chosen.double().reshape(-1), rejected.double().reshape(-1)
-    n = chosen.numel()
-    if n == 0:
+    """DESIGN.md's reward-model metrics of `[N]` chosen and rejected rewards (`rmkit.metrics`); NaN
+    metrics for an empty set instead of an error, so a tiny validation file cannot stop a run."""
+    if chosen.numel() == 0:
         return {"loss": math.nan, "acc": math.nan, "rewards_chosen_mean": math.nan,
                 "rewards_rejected_mean": math.nan, "rewards_all_mean": math.nan,
                 "rewards_all_std": math.nan, "num_pairs": 0}
-    both = torch.cat([chosen, rejected])
-    return {
-        "loss": float(-F.logsigmoid(chosen - rejected).mean()),
-        "acc": float((chosen > rejected).double().mean()),
-        "rewards_chosen_mean": float(chosen.mean()),
-        "rewards_rejected_mean": float(rejected.mean()),
-        "rewards_all_mean": float(both.mean()),
-        "rewards_all_std": float(both.std()) if both.numel() > 1 else 0.0,
-        "num_pairs": n,
-    }
+    return reward_model_metrics(chosen, rejected)
 
 
 def regression_metrics(predictions: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
@@ -52,15 +39,18 @@ def regression_metrics(predictions: torch.Tensor, labels: torch.Tensor) -> dict[
 
 def score_pairs(model, pairs: Sequence, pad_token_id: int, precision: str,
                 max_batch_tokens: int = 16384) -> tuple[torch.Tensor, torch.Tensor]:
-    """`[N, K]` chosen and rejected rewards of tokenized pairs (`.chosen_ids`, `.rejected_ids`)."""
-    sequences = [ids for p in pairs for ids in (p.chosen_ids, p.rejected_ids)]  # interleaved
+    """`[N, K]` chosen and rejected rewards of tokenized pairs (`.chosen_ids`, `.rejected_ids`).
+
+    Under data parallelism each rank scores its contiguous share and the rewards are gathered in rank
+    order, so every rank returns all N rows in the original order."""
+    sequences = [ids for p in shard(pairs) for ids in (p.chosen_ids, p.rejected_ids)]  # interleaved
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
     with autocast(precision, device):
         rewards = score_sequences(model, sequences, pad_token_id, max_batch_tokens=max_batch_tokens)
     model.train(was_training)
-    return rewards[0::2], rewards[1::2]
+    return all_gather_cat(rewards[0::2]), all_gather_cat(rewards[1::2])
 
 
 def validate(model, val_sets: dict[str, Sequence], pad_token_id: int, precision: str,
@@ -85,8 +75,9 @@ def validate_regression(model, val_sets: dict[str, Sequence], pad_token_id: int,
         examples = examples[:max_examples] if max_examples is not None else examples
         model.eval()
         with autocast(precision, device):
-            predictions = score_sequences(model, [e.input_ids for e in examples], pad_token_id)
+            predictions = score_sequences(model, [e.input_ids for e in shard(examples)], pad_token_id)
         model.train()
+        predictions = all_gather_cat(predictions)
         labels = torch.tensor([list(e.labels) for e in examples], dtype=torch.float64)
         rewards[name] = predictions
         for key, value in regression_metrics(predictions, labels).items():

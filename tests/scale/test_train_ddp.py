@@ -1,0 +1,102 @@
+"""`torchrun --nproc-per-node 2 -m rmkit train` (gloo, CPU) == one process with the same global batch.
+
+Tolerances: the two runs add the same gradient contributions in a different order (per-rank sums, then
+an all-reduce) and score validation rows in different batches, so they agree to float32 rounding,
+which Adam's normalization can amplify on near-zero gradients over the steps: logged metrics to 1e-5
+relative (plus 1e-6 absolute for means near zero), final weights to 1e-5 absolute (observed: 3e-6
+relative and 1e-6 absolute). A mistake in the normalization (averaging instead of summing gradients,
+local instead of global counts) is off by a factor of 2 and fails at the first step.
+"""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from rmkit import cli
+from tests.scale.tiny import make_tiny_decoder, write_pairs
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "RMKIT_NUM_THREADS": "1"}
+STEPS = 8
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def write_config(tmp_path: Path, name: str, micro: int) -> Path:
+    model = tmp_path / "model"
+    if not model.exists():
+        make_tiny_decoder(model)
+        write_pairs(tmp_path / "train.jsonl", 70, seed=1)  # 70 = 8 full global batches + a short one
+        write_pairs(tmp_path / "val.jsonl", 21, seed=2)  # odd: the ranks validate different numbers of pairs
+    out = tmp_path / name
+    config = {
+        "rm": {"max_num_epochs": 2, "max_num_steps": STEPS + 2, "val_period": 4, "val_at_start": True,
+               "seed": 5, "log_period": 1},
+        "policy": {"model_name": str(model), "train_global_batch_size": 8, "train_micro_batch_size": micro,
+                   "max_total_sequence_length": 32, "precision": "float32", "num_threads": 1,
+                   "optimizer": {"lr": 3e-3}, "max_grad_norm": 1.0},
+        "data": {"train_data_path": str(tmp_path / "train.jsonl"),
+                 "val_data_paths": {"default": str(tmp_path / "val.jsonl")}},
+        "checkpointing": {"checkpoint_dir": str(out), "save_period": 5, "keep_top_k": None},
+        "logger": {"log_dir": str(out / "logs"), "tensorboard": False, "progress_bar": False, "plots": False},
+    }  # fmt: skip
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def run(cmd: list[str]) -> str:
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    return proc.stderr
+
+
+def records(out: Path) -> list[dict]:
+    lines = (out / "logs" / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if not k.endswith("_per_s")} for line in lines]
+
+
+@pytest.mark.slow  # ~15 s on a quiet 2-core machine (torchrun + two imports of torch and transformers)
+def test_two_gloo_processes_equal_one_process(tmp_path, capsys):
+    single = write_config(tmp_path, "single", micro=4)
+    double = write_config(tmp_path, "ddp", micro=2)  # per rank: 4 pairs of the global 8, in 2 micro-batches
+    threads = torch.get_num_threads()
+    try:  # the single-process reference runs in this process (no second round of imports)
+        assert cli.main(["train", "--config", str(single)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    err = run([
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+        "--master-port", str(free_port()), "-m", "rmkit", "train", "--config", str(double),
+    ])  # fmt: skip
+
+    one, two = records(tmp_path / "single"), records(tmp_path / "ddp")
+    assert [r["step"] for r in one] == [r["step"] for r in two]  # rank 0 alone logged, once per record
+    for a, b in zip(one, two):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (a["step"], key)
+    val = [r for r in two if "validation-default/num_pairs" in r]
+    assert val and all(r["validation-default/num_pairs"] == 21 for r in val)  # gathered from both ranks
+
+    w1, w2 = (
+        load_file(tmp_path / "single" / "final" / "model.safetensors"),
+        load_file(tmp_path / "ddp" / "final" / "model.safetensors"),
+    )
+    assert w1.keys() == w2.keys()
+    for key in w1:
+        torch.testing.assert_close(w2[key], w1[key], rtol=0, atol=1e-5)
+    assert sorted(p.name for p in (tmp_path / "ddp").glob("step_*")) == ["step_10", "step_5"]
+    assert err.count("rmkit: training") == 1, "only rank 0 prints"
