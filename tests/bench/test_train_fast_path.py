@@ -52,3 +52,24 @@ def test_cpu_optimizer_is_fused_and_matches_the_reference_adamw():
     # Fused and looped AdamW differ only by float32 rounding of the same formula.
     for a, b in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_length_grouped_rewards_equal_one_padded_forward_in_the_original_order():
+    from rmkit.models.scoring import pad_right
+    from rmkit.models.setup import RewardForward
+    from rmkit.train.step import length_grouped_rewards
+
+    torch.manual_seed(0)
+    forward = RewardForward(prepare_model(tiny_bert(), PolicyConfig()))
+    lengths = [5, 17, 3, 9, 12, 2, 30, 8, 8, 21, 4, 15, 6, 11, 25, 7, 19]  # 17 rows -> 2 chunks of <= 9
+    rows = [torch.randint(1, 64, (n,)).tolist() for n in lengths]
+    chunked = length_grouped_rewards(forward, rows, pad_token_id=0, device=torch.device("cpu"))
+    chunked.square().sum().backward()
+    grads = [p.grad.clone() for p in forward.parameters()]
+    forward.zero_grad()
+    reference = forward(*pad_right(rows, 0))  # one batch, every row padded to 30
+    reference.square().sum().backward()
+    # Same rows, different padding: equal up to float32 rounding of differently shaped matmuls.
+    torch.testing.assert_close(chunked, reference, rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads, (p.grad for p in forward.parameters())):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)

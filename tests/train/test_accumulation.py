@@ -47,8 +47,10 @@ def _assert_same(a, b):
     assert g1.keys() == g2.keys() and len(g1) > 0
     for name in g1:
         torch.testing.assert_close(g1[name], g2[name], rtol=1e-5, atol=1e-7, msg=name)
+    # Adam moves a weight by up to lr / eps = 10x its gradient's rounding error (a near-zero gradient,
+    # e.g. the head bias, whose gradient is exactly 0 in theory): 10 x the gradients' 1e-7.
     for name in w1:
-        torch.testing.assert_close(w1[name], w2[name], rtol=1e-5, atol=1e-7, msg=name)
+        torch.testing.assert_close(w1[name], w2[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize("fixture", ["tiny_decoder", "tiny_encoder"])
