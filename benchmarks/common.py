@@ -79,7 +79,10 @@ def load_tokenized_pairs(path: Path, tokenizer, max_length: int, limit: int | No
     loaded = load_preference_data(path, on_error="skip")
     if loaded.skipped:
         source, reason = loaded.skipped[0]
-        print(f"note: {path.name}: {len(loaded.skipped)} records skipped (first: {source}: {reason})", file=sys.stderr)
+        print(
+            f"note: {path.name}: {len(loaded.skipped)} records skipped (first: {source}: {reason})",
+            file=sys.stderr,
+        )
     records = loaded.records
     records = records[:limit] if limit else records
     tokenized = tokenize_pairs(records, tokenizer, max_length, overlong="truncate")

@@ -17,7 +17,7 @@ alternate which side goes first to cancel drift. For every run it records:
 
     python benchmarks/train_vs_trl.py                                  # MiniLM, all 1504 pairs, fp32 and bf16
     python benchmarks/train_vs_trl.py --pairs 256 --repeats 3 --precision fp32
-    python benchmarks/train_vs_trl.py --workload smollm2               # SmolLM2-135M decoder, 128 pairs
+    python benchmarks/train_vs_trl.py --workload smollm2               # SmolLM2-135M decoder, 32 pairs
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from benchmarks import common  # noqa: E402
 WORKLOADS = {
     # name: (backbone, default train pairs, default held-out pairs per file, default held-out files)
     "minilm": (common.minilm_path, None, None, "hh_harmless_val.jsonl,pandalm_val.jsonl"),
-    "smollm2": (common.smollm2_path, 128, 100, "hh_harmless_val.jsonl"),
+    "smollm2": (common.smollm2_path, 32, 64, "hh_harmless_val.jsonl"),
 }
 SIDES = ("trl", "rmkit")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -69,10 +69,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--sides", default="trl,rmkit", help="comma list of trl, rmkit")
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=16, help="global batch, in pairs")
+    parser.add_argument(
+        "--micro-batch-size", type=int, help="pairs per forward/backward, both sides (default: --batch-size)"
+    )
     parser.add_argument("--lr", type=float, default=5e-5)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR)
+    parser.add_argument(
+        "--rmkit-src", type=Path, help="run the rmkit side from another checkout (before/after)"
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="torch.profiler top ops per run -> RUN/profile.txt"
+    )
     parser.add_argument(
         "--work-dir", type=Path, help="scratch directory (default: /tmp/rmkit-bench-WORKLOAD)"
     )
@@ -91,6 +100,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.sides = [s for s in args.sides.split(",") if s]
     if not set(args.precision) <= set(DTYPES) or not set(args.sides) <= set(SIDES):
         parser.error("--precision takes fp32,bf16 and --sides takes trl,rmkit")
+    args.micro_batch_size = args.micro_batch_size or args.batch_size
+    if args.batch_size % args.micro_batch_size:
+        parser.error("--batch-size must be a multiple of --micro-batch-size")
     args.work_dir = args.work_dir or Path(f"/tmp/rmkit-bench-{args.workload}")
     suffix = "" if args.workload == "minilm" else f"_{args.workload}"
     args.output = args.output or common.REPO_ROOT / "benchmarks" / "results" / f"train_vs_trl{suffix}.json"
@@ -153,8 +165,8 @@ def train_trl(spec: dict) -> None:
     dataset = Dataset.from_dict({"chosen_ids": tokens["chosen"], "rejected_ids": tokens["rejected"]})
     config = RewardConfig(
         output_dir=spec["out_dir"],
-        per_device_train_batch_size=spec["batch_size"],
-        gradient_accumulation_steps=1,
+        per_device_train_batch_size=spec["micro_batch_size"],
+        gradient_accumulation_steps=spec["batch_size"] // spec["micro_batch_size"],
         learning_rate=spec["lr"],
         num_train_epochs=1,
         lr_scheduler_type="constant",
@@ -196,7 +208,7 @@ def rmkit_config(spec: dict) -> dict:
         "policy": {
             "model_name": spec["model_dir"],
             "train_global_batch_size": spec["batch_size"],
-            "train_micro_batch_size": spec["batch_size"],
+            "train_micro_batch_size": spec["micro_batch_size"],
             "max_total_sequence_length": spec["max_length"],
             "precision": {"fp32": "float32", "bf16": "bfloat16"}[spec["precision"]],
             "optimizer": {"lr": spec["lr"], "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8},
@@ -228,9 +240,20 @@ def train_rmkit(spec: dict) -> None:
 def worker(spec_path: Path) -> None:
     """One training run in this (fresh) process; writes its measurements to `spec["result_path"]`."""
     spec = json.loads(spec_path.read_text())
+    if spec["rmkit_src"]:  # another rmkit checkout (a before/after comparison) wins over this one
+        sys.path.insert(0, spec["rmkit_src"])
     torch.set_num_threads(spec["threads"])
     clock = StepClock()
-    {"trl": train_trl, "rmkit": train_rmkit}[spec["side"]](spec)
+    train = {"trl": train_trl, "rmkit": train_rmkit}[spec["side"]]
+    if spec["profile"]:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            train(spec)
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
+        Path(spec["result_path"]).with_name("profile.txt").write_text(table)
+    else:
+        train(spec)
     result = clock.close()
     result["peak_rss_mib"] = common.peak_rss_mib()
     common.write_json(Path(spec["result_path"]), result)
@@ -279,6 +302,7 @@ def run_once(args, data: dict, side: str, precision: str, repeat: int) -> dict:
         "threads": args.threads,
         "seed": args.seed,
         "batch_size": args.batch_size,
+        "micro_batch_size": args.micro_batch_size,
         "lr": args.lr,
         "max_length": args.max_length,
         "model_dir": data["model_dir"],
@@ -287,6 +311,8 @@ def run_once(args, data: dict, side: str, precision: str, repeat: int) -> dict:
         "out_dir": str(out_dir / "run"),
         "model_out": str(out_dir / "model"),
         "result_path": str(out_dir / "result.json"),
+        "rmkit_src": str(args.rmkit_src) if args.rmkit_src else None,
+        "profile": args.profile,
     }
     (out_dir / "spec.json").write_text(json.dumps(spec))
     env = {
@@ -387,6 +413,7 @@ def main(argv: list[str] | None = None) -> int:
             "held_out_pairs": {name: len(pairs[0]) for name, pairs in data["val"].items()},
             "max_length": args.max_length,
             "batch_size": args.batch_size,
+            "micro_batch_size": args.micro_batch_size,
             "lr": args.lr,
             "threads": args.threads,
             "non_embedding_params": data["non_embedding_params"],
