@@ -103,6 +103,17 @@ def time_cli(model_dir: Path, data: Path, threads: int) -> float:
         return time.perf_counter() - start
 
 
+def markdown_table(payload: dict) -> str:
+    """The results as the BENCHMARKS.md table (pairs/s and seconds per setting, then the ratio)."""
+    lines = ["| setting | seconds | pairs/s |", "|---|---|---|"]
+    for name, value in payload["results"].items():
+        if isinstance(value, dict):
+            lines.append(f"| {name} | {value['seconds']:.2f} | {value['pairs_per_s']:.1f} |")
+    ratio = payload["results"]["ratio_rmkit_over_best_pipeline"]
+    lines.append(f"| **rmkit / best pipeline** | | **{ratio:.2f}x** |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     from transformers import pipeline
 
@@ -158,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         "results": results,
     }
     common.write_json(args.output, payload)
-    print(json.dumps(payload["results"], indent=2))
+    print(markdown_table(payload))
     return 0
 
 

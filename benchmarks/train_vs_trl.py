@@ -2,8 +2,9 @@
 
 Same backbone (exported once, so both start from the same weights, head and pad token), same pairs
 (tokenized once by rmkit with truncation, so neither side drops any), same hyperparameters (global batch
-16, AdamW lr 5e-5 with betas (0.9, 0.999), eps 1e-8, no weight decay, constant schedule, no warmup, grad
-clip 1.0, one epoch, dropout off), the same thread count. Each run is a fresh subprocess, and repeats
+16, AdamW lr 5e-5 with betas (0.9, 0.999), eps 1e-8, weight decay 0.01 except biases and norms, cosine
+schedule after ceil(5% of steps) warmup steps, grad clip 1.0, one epoch, dropout off: configs/rm.yaml's
+recipe), the same thread count. Each run is a fresh subprocess, and repeats
 alternate which side goes first to cancel drift. For every run it records:
 
 - train time: from the first training forward to the end of the last optimizer step, measured by the same
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -73,8 +75,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--micro-batch-size", type=int, help="pairs per forward/backward, both sides (default: --batch-size)"
     )
     parser.add_argument("--lr", type=float, default=5e-5)
+    parser.add_argument("--schedule", choices=["cosine", "constant"], default="cosine")
+    parser.add_argument("--warmup-ratio", type=float, default=0.05, help="warmup steps = ceil(ratio x steps)")
+    parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR)
     parser.add_argument(
         "--rmkit-src", type=Path, help="run the rmkit side from another checkout (before/after)"
@@ -169,9 +174,9 @@ def train_trl(spec: dict) -> None:
         gradient_accumulation_steps=spec["batch_size"] // spec["micro_batch_size"],
         learning_rate=spec["lr"],
         num_train_epochs=1,
-        lr_scheduler_type="constant",
-        warmup_steps=0,
-        weight_decay=0.0,
+        lr_scheduler_type=spec["schedule"],
+        warmup_steps=spec["warmup_steps"],
+        weight_decay=spec["weight_decay"],
         adam_beta1=0.9,
         adam_beta2=0.999,
         adam_epsilon=1e-8,
@@ -196,7 +201,7 @@ def train_trl(spec: dict) -> None:
 
 
 def rmkit_config(spec: dict) -> dict:
-    """The `rmkit train` config matching TRL's run (constant lr, no validation, no plots, final model only)."""
+    """The `rmkit train` config matching TRL's run (no validation, no plots, final model only)."""
     return {
         "rm": {
             "max_num_epochs": 1,
@@ -211,8 +216,17 @@ def rmkit_config(spec: dict) -> dict:
             "train_micro_batch_size": spec["micro_batch_size"],
             "max_total_sequence_length": spec["max_length"],
             "precision": {"fp32": "float32", "bf16": "bfloat16"}[spec["precision"]],
-            "optimizer": {"lr": spec["lr"], "weight_decay": 0.0, "betas": [0.9, 0.999], "eps": 1e-8},
-            "scheduler": {"name": "constant", "warmup_steps": 0},
+            "optimizer": {
+                "lr": spec["lr"],
+                "weight_decay": spec["weight_decay"],
+                "betas": [0.9, 0.999],
+                "eps": 1e-8,
+            },
+            "scheduler": {
+                "name": spec["schedule"],
+                "warmup_steps": spec["warmup_steps"],
+                "warmup_ratio": 0.0,
+            },
             "max_grad_norm": 1.0,
             "num_threads": spec["threads"],
         },
@@ -304,6 +318,9 @@ def run_once(args, data: dict, side: str, precision: str, repeat: int) -> dict:
         "batch_size": args.batch_size,
         "micro_batch_size": args.micro_batch_size,
         "lr": args.lr,
+        "schedule": args.schedule,
+        "warmup_steps": math.ceil(args.warmup_ratio * math.ceil(data["num_pairs"] / args.batch_size)),
+        "weight_decay": args.weight_decay,
         "max_length": args.max_length,
         "model_dir": data["model_dir"],
         "train_jsonl": data["train_jsonl"],
@@ -383,10 +400,37 @@ def summarize(runs: list[dict], data: dict, peaks: dict) -> dict:
     return summary
 
 
+def markdown_table(payload: dict) -> str:
+    """The summary as the BENCHMARKS.md table: one row per (precision, side), then the ratio."""
+    names = sorted({k for row in payload["summary"].values() for side in SIDES if side in row
+                    for k in row[side] if k.startswith("accuracy/")})  # fmt: skip
+    head = ["precision", "side", "pairs/s", "real tokens/s", "padding", "peak RSS (MiB)", "train (s)",
+            "wall (s)", "MFU", "runs"] + [f"acc {n.split('/')[1].split('_val')[0]}" for n in names]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for precision, row in payload["summary"].items():
+        for side in SIDES:
+            if side in row:
+                r = row[side]
+                cells = [precision, side, f"{r['pairs_per_s']:.2f}", f"{r['real_tokens_per_s']:.0f}",
+                         f"{r['padding_fraction']:.1%}", f"{r['peak_rss_mib']:.0f}", f"{r['train_s']:.1f}",
+                         f"{r['wall_s']:.1f}", f"{r['mfu']:.1%}", str(r["runs"])]  # fmt: skip
+                cells += [f"{r[n]:.1%}" if r.get(n) is not None else "-" for n in names]
+                lines.append("| " + " | ".join(cells) + " |")
+        if "ratio_rmkit_over_trl" in row:
+            q = row["ratio_rmkit_over_trl"]
+            cells = [precision, "**rmkit / TRL**", f"**{q['pairs_per_s']:.2f}x**", f"{q['real_tokens_per_s']:.2f}x",
+                     "", f"{q['peak_rss_mib']:.2f}x", "", f"{q['wall_s']:.2f}x", "", ""] + [""] * len(names)  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["worker"]:
         worker(Path(argv[1]))
+        return 0
+    if argv[:1] == ["table"]:  # print the markdown table of a results file
+        print(markdown_table(json.loads(Path(argv[1]).read_text())))
         return 0
     args = parse_args(argv)
     info = common.machine_info()
@@ -415,6 +459,9 @@ def main(argv: list[str] | None = None) -> int:
             "batch_size": args.batch_size,
             "micro_batch_size": args.micro_batch_size,
             "lr": args.lr,
+            "schedule": args.schedule,
+            "warmup_ratio": args.warmup_ratio,
+            "weight_decay": args.weight_decay,
             "threads": args.threads,
             "non_embedding_params": data["non_embedding_params"],
         },
@@ -423,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         "runs": runs,
     }
     common.write_json(args.output, payload)
-    print(json.dumps(payload["summary"], indent=2))
+    print(markdown_table(payload))
     return 0
 
 
