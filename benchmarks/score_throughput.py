@@ -19,7 +19,6 @@ Pairs/s are medians over `--repeats`; the ratio is rmkit over the pipeline's bes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
