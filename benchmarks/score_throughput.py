@@ -81,7 +81,7 @@ def timed(fn, repeats: int) -> tuple[float, object]:
     return common.median(times), result
 
 
-def time_cli(model_dir: Path, data: Path, threads: int) -> float:
+def time_cli(model_dir: Path, data: Path, threads: int, max_length: int) -> float:
     """Wall seconds of `python -m rmkit score` on `data`, process start-up and model loading included."""
     env = {**os.environ, "PYTHONPATH": str(common.REPO_ROOT), "OMP_NUM_THREADS": str(threads)}
     with tempfile.TemporaryDirectory() as tmp:
@@ -94,6 +94,10 @@ def time_cli(model_dir: Path, data: Path, threads: int) -> float:
             str(model_dir),
             "--input",
             str(data),
+            "--max-length",
+            str(max_length),
+            "--threads",
+            str(threads),
             "--output",
             str(Path(tmp) / "scored.jsonl"),
         ]
@@ -154,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     best = max((v for k, v in results.items() if k.startswith("pipeline")), key=lambda v: v["pairs_per_s"])
     results["ratio_rmkit_over_best_pipeline"] = results["rmkit"]["pairs_per_s"] / best["pairs_per_s"]
     if args.cli:
-        seconds = time_cli(model_dir, data_file, args.threads)
+        seconds = time_cli(model_dir, data_file, args.threads, args.max_length)
         results["rmkit_score_cli"] = {"seconds": seconds, "pairs_per_s": len(records) / seconds}
     payload = {
         "command": "python benchmarks/score_throughput.py "
