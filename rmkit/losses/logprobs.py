@@ -103,3 +103,18 @@ def next_token_logprobs(
     # too (and a call makes at most ~16 chunk iterations more than the absolute cap requires).
     chunk_elements = min(int(chunk_elements), max(vocab, batch * (seq - 1) * vocab // 16))
     return _ChunkedNextTokenLogprobs.apply(next_token_logits, input_ids.long(), chunk_elements)
+
+
+def aligned_logprobs(
+    next_token_logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """`next_token_logprobs` laid out like `input_ids`: `[B, S]` with 0 at position 0.
+
+    This is the layout of `prev_logprobs`, `generation_logprobs` and `reference_policy_logprobs`
+    in the losses' `data` (entry `[b, t]` = log p(input_ids[b, t] | input_ids[b, :t])), e.g. for
+    reference-policy log-probs computed under `torch.no_grad()`.
+    """
+    logprobs = next_token_logprobs(next_token_logits, input_ids, chunk_elements)
+    return torch.nn.functional.pad(logprobs, (1, 0))
