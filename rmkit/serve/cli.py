@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import logging
+import signal
 import sys
 
 import torch
@@ -67,7 +68,9 @@ def main(argv: list[str]) -> int:
         print(f"rmkit serve: listening on {args.host}, reachable from other machines"
               + ("" if args.api_key else " WITHOUT an API key"), file=sys.stderr)
     app = create_app(engine, api_key=args.api_key, max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes)
-    # uvicorn handles SIGTERM/SIGINT: it stops accepting, finishes in-flight requests, then exits.
+    # uvicorn handles SIGTERM: it stops accepting, finishes in-flight requests, shuts the app down, then
+    # re-raises the signal with the handler it found. A no-op handler here makes that a clean exit 0.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
     uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30)
     return 0
 
