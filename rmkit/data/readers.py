@@ -1,0 +1,151 @@
+"""Read raw records from JSON Lines, JSON, Parquet or a Hugging Face dataset, each with its position.
+
+Every reader yields, in file order, either a `RawRecord` (a dict and where it came from) or the
+`DataError` that describes a line that could not be read (invalid JSON, a non-UTF-8 byte, not an
+object), so the caller decides whether a bad line is fatal or skipped. A file with no records at all
+is always an error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from rmkit.errors import DataError
+
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
+JSON_SUFFIXES = (".json",)
+PARQUET_SUFFIXES = (".parquet", ".pq")
+
+
+@dataclass(frozen=True)
+class RawRecord:
+    """One record as read: `line` is 1-based for JSON Lines, else the 0-based record index."""
+
+    path: str
+    line: int
+    data: dict
+    line_oriented: bool = True
+
+    @property
+    def source(self) -> str:
+        return f"{self.path}:{self.line}" if self.line_oriented else f"{self.path}[{self.line}]"
+
+    def error(self, field: str | None, message: str) -> DataError:
+        """A `DataError` located at this record."""
+        return DataError(self.path, self.line, field, message)
+
+
+def read_jsonl(path: str | Path) -> Iterator[RawRecord | DataError]:
+    """Records of a JSON Lines file; blank lines are ignored, line numbers are 1-based."""
+    path = str(path)
+    seen = False
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                yield DataError(path, number, None, f"not valid UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1})")
+                seen = True
+                continue
+            if not text.strip():
+                continue
+            seen = True
+            try:
+                data = json.loads(text)
+            except json.JSONDecodeError as err:
+                yield DataError(path, number, None, f"invalid JSON: {err.msg} (column {err.colno})")
+                continue
+            if not isinstance(data, dict):
+                yield DataError(path, number, None, f"expected a JSON object, got {type(data).__name__}")
+                continue
+            yield RawRecord(path, number, data)
+    if not seen:
+        raise DataError(path, None, None, "the file is empty (no records)")
+
+
+def read_json(path: str | Path) -> Iterator[RawRecord | DataError]:
+    """Records of a JSON file holding a list of objects (or `{"data": [...]}`); 0-based indices."""
+    path = str(path)
+    raw = Path(path).read_bytes()
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw[: err.start].count(b"\n") + 1
+        raise DataError(path, line, None, f"not valid UTF-8 (byte 0x{raw[err.start]:02x})") from None
+    if not text.strip():
+        raise DataError(path, None, None, "the file is empty (no records)")
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(path, err.lineno, None, f"invalid JSON: {err.msg} (column {err.colno})") from None
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if isinstance(data, dict):  # a single record
+        data = [data]
+    if not isinstance(data, list):
+        raise DataError(path, None, None, "expected a JSON list of objects")
+    if not data:
+        raise DataError(path, None, None, "the file is empty (no records)")
+    yield from _from_rows(path, data)
+
+
+def read_parquet(path: str | Path) -> Iterator[RawRecord | DataError]:
+    """Records of a Parquet file (needs `pyarrow`, the `data` extra); 0-based row indices."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise DataError(str(path), None, None, "reading Parquet needs pyarrow: pip install 'rmkit[data]'") from None
+    try:
+        rows = pq.read_table(str(path)).to_pylist()
+    except Exception as err:  # pyarrow raises several types for a corrupt file
+        raise DataError(str(path), None, None, f"not a readable Parquet file ({err})") from None
+    if not rows:
+        raise DataError(str(path), None, None, "the file is empty (no records)")
+    yield from _from_rows(str(path), rows)
+
+
+def read_hf_dataset(name_or_path: str, split: str = "train") -> Iterator[RawRecord | DataError]:
+    """Records of a Hugging Face dataset: a `save_to_disk` directory, or a name `load_dataset` knows
+    (a hub id, or a local dataset folder). `name_or_path` may carry the split as `name:split`."""
+    try:
+        import datasets
+    except ImportError:  # pragma: no cover - depends on the environment
+        raise DataError(name_or_path, None, None, "reading datasets needs `datasets`: pip install 'rmkit[data]'") from None
+    path = Path(name_or_path)
+    try:
+        if (path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists():
+            loaded = datasets.load_from_disk(str(path))
+            dataset = loaded[split] if isinstance(loaded, datasets.DatasetDict) else loaded
+        else:
+            dataset = datasets.load_dataset(name_or_path, split=split)
+    except (OSError, KeyError, ValueError, datasets.exceptions.DatasetsError) as err:
+        raise DataError(name_or_path, None, None, f"cannot load dataset split '{split}': {err}") from None
+    if len(dataset) == 0:
+        raise DataError(name_or_path, None, None, f"split '{split}' is empty (no records)")
+    yield from _from_rows(f"{name_or_path}:{split}" if split != "train" else name_or_path, dataset)
+
+
+def _from_rows(path: str, rows) -> Iterator[RawRecord | DataError]:
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict):
+            yield DataError(path, index, None, f"expected an object, got {type(row).__name__}")
+        else:
+            yield RawRecord(path, index, row, line_oriented=False)
+
+
+def read_records(path: str | Path, split: str = "train") -> Iterator[RawRecord | DataError]:
+    """Dispatch on the path: `.jsonl`, `.json`, `.parquet`, else a Hugging Face dataset (directory or
+    name). A `.jsonl.gz`-style compressed file is not supported."""
+    text = str(path)
+    lower = text.lower()
+    local = Path(text)
+    if lower.endswith(JSONL_SUFFIXES) or lower.endswith(JSON_SUFFIXES) or lower.endswith(PARQUET_SUFFIXES):
+        if not local.is_file():
+            raise DataError(text, None, None, "no such file")
+        if lower.endswith(JSONL_SUFFIXES):
+            return read_jsonl(text)
+        return read_json(text) if lower.endswith(JSON_SUFFIXES) else read_parquet(text)
+    return read_hf_dataset(text, split)

@@ -1,0 +1,224 @@
+"""The one way text becomes token ids: train, eval, score and serve all call these functions.
+
+Text: `tokenizer(text, add_special_tokens=True)` ([CLS] .. [SEP] for BERT, BOS .. for decoders).
+Messages: the tokenizer's chat template (or rmkit's plain "User: ...\\nAssistant: ..." rendering when
+it has none). BOS is written once: a template that writes BOS itself is tokenized without the
+tokenizer's special tokens, and a text that already starts with BOS does not get a second one.
+
+Over-long examples (`max_length`) follow a policy, never silently:
+- `truncate` (default) keeps the end of the response and as much of the prompt as fits. A chat
+  prompt first loses whole oldest turns (system messages stay, a turn starts at a user message), so
+  the template stays valid; if the last turn alone is still too long, or the prompt is text, the
+  prompt's oldest tokens are cut just after the leading special tokens (BOS / [CLS] / the first
+  template token), which are kept. Both sides of a pair keep exactly the same prompt tokens. A
+  response longer than the whole budget keeps its last tokens (where the reward is read).
+- `drop` removes the example and reports it in `.dropped` as `(source, reason)`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rmkit.data.records import Message, PreferencePair, RegressionExample
+
+OVERLONG = ("truncate", "drop")
+PLAIN_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
+
+
+def _strip_double_bos(tokenizer, ids: list[int]) -> list[int]:
+    bos = tokenizer.bos_token_id
+    if bos is not None and len(ids) >= 2 and ids[0] == bos and ids[1] == bos:
+        return ids[1:]
+    return ids
+
+
+def encode_text(tokenizer, text: str) -> list[int]:
+    """Token ids of `text` with the tokenizer's special tokens ([CLS]..[SEP], BOS..), BOS once."""
+    return _strip_double_bos(tokenizer, list(tokenizer(text, add_special_tokens=True)["input_ids"]))
+
+
+def render_plain(messages: Sequence[Message]) -> str:
+    """rmkit's fallback chat rendering for tokenizers without a template: "User: hi\\nAssistant: hello"."""
+    return "\n".join(f"{PLAIN_ROLES.get(m['role'], m['role'].capitalize())}: {m['content']}" for m in messages)
+
+
+def encode_conversation(tokenizer, messages: Sequence[Message]) -> list[int]:
+    """Token ids of chat `messages` rendered by the tokenizer's chat template, or `render_plain` +
+    `encode_text` without one. The tokenizer's own special tokens are added only when the rendered
+    text does not already start with them (a template that writes BOS gets no second BOS; an encoder
+    given a template still gets its [CLS] .. [SEP])."""
+    if not getattr(tokenizer, "chat_template", None):
+        return encode_text(tokenizer, render_plain(messages))
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False)
+    starts = [t for t in (tokenizer.bos_token, tokenizer.cls_token) if t]
+    add_special = bool(starts) and not any(text.startswith(t) for t in starts)
+    return _strip_double_bos(tokenizer, list(tokenizer(text, add_special_tokens=add_special)["input_ids"]))
+
+
+def as_messages(value: str | list[Message], role: str) -> list[Message]:
+    """A text as one message of `role`; messages unchanged."""
+    return [{"role": role, "content": value}] if isinstance(value, str) else list(value)
+
+
+def encode_example(tokenizer, prompt: str | list[Message], response: str | list[Message] | None) -> list[int]:
+    """Token ids of a prompt and its response: both text -> `encode_text(prompt + response)`; any
+    messages -> `encode_conversation(prompt_msgs + response_msgs)` (a text prompt is a user message, a
+    text response an assistant message); `response=None` -> the prompt alone."""
+    if response is None:
+        return encode_text(tokenizer, prompt) if isinstance(prompt, str) else encode_conversation(tokenizer, prompt)
+    if isinstance(prompt, str) and isinstance(response, str):
+        return encode_text(tokenizer, prompt + response)
+    return encode_conversation(tokenizer, as_messages(prompt, "user") + as_messages(response, "assistant"))
+
+
+@dataclass(frozen=True)
+class TokenizedPair:
+    chosen_ids: list[int]
+    rejected_ids: list[int]
+    margin: float | None = None
+    source: str = ""
+
+
+@dataclass
+class TokenizedPairs:
+    """`.pairs`; `.dropped` `[(source, reason)]` under `overlong="drop"`; `.truncated` how many were cut."""
+
+    pairs: list[TokenizedPair] = field(default_factory=list)
+    dropped: list[tuple[str, str]] = field(default_factory=list)
+    truncated: int = 0
+
+    @property
+    def lengths(self) -> list[int]:
+        """Per pair, the longer side's length: a batch pads both rows of every pair to its longest."""
+        return [max(len(p.chosen_ids), len(p.rejected_ids)) for p in self.pairs]
+
+
+@dataclass(frozen=True)
+class TokenizedExample:
+    input_ids: list[int]
+    labels: tuple[float, ...]
+    source: str = ""
+
+
+@dataclass
+class TokenizedRegression:
+    examples: list[TokenizedExample] = field(default_factory=list)
+    dropped: list[tuple[str, str]] = field(default_factory=list)
+    truncated: int = 0
+
+    @property
+    def lengths(self) -> list[int]:
+        return [len(e.input_ids) for e in self.examples]
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _head_length(tokenizer, ids: Sequence[int], limit: int) -> int:
+    """How many leading ids (at most `limit`) are special tokens (BOS, [CLS], a template's first token)."""
+    special = set(tokenizer.all_special_ids)
+    n = 0
+    while n < limit and ids[n] in special:
+        n += 1
+    return n
+
+
+def _cut_tokens(tokenizer, prompt, responses, fulls: list[list[int]], max_length: int) -> list[list[int]]:
+    """Token-level truncation of sequences sharing `prompt`: keep the leading special tokens, the same
+    newest prompt tokens on every side, and each response's end."""
+    prompt_ids = encode_example(tokenizer, prompt, None)
+    boundary = min(_common_prefix(full, prompt_ids) for full in fulls)
+    head = _head_length(tokenizer, fulls[0], min(boundary, max_length - 1))
+    budget = max_length - head
+    keep = max(0, min(boundary - head, budget - max(len(full) - boundary for full in fulls)))
+    out = []
+    for full in fulls:
+        response = full[boundary:]
+        room = budget - keep
+        if len(response) > room:
+            response = response[len(response) - room:]
+        out.append(full[:head] + full[boundary - keep: boundary] + response)
+    return out
+
+
+def _oldest_turns_dropped(prompt: list[Message]) -> list[list[Message]]:
+    """Shorter versions of a chat prompt, each starting one whole turn later (system messages kept)."""
+    system = [m for m in prompt if m["role"] == "system"]
+    rest = [m for m in prompt if m["role"] != "system"]
+    starts = [i for i, m in enumerate(rest) if m["role"] == "user" and i > 0]
+    return [system + rest[i:] for i in starts]
+
+
+def fit_example(tokenizer, prompt, responses: list, max_length: int) -> tuple[list[list[int]], bool]:
+    """Encode `prompt` with each of `responses` within `max_length` tokens (the `truncate` policy);
+    returns the ids and whether anything was cut."""
+    fulls = [encode_example(tokenizer, prompt, r) for r in responses]
+    if max(len(f) for f in fulls) <= max_length:
+        return fulls, False
+    if isinstance(prompt, list):
+        for shorter in _oldest_turns_dropped(prompt):
+            prompt = shorter
+            fulls = [encode_example(tokenizer, prompt, r) for r in responses]
+            if max(len(f) for f in fulls) <= max_length:
+                return fulls, True
+    return _cut_tokens(tokenizer, prompt, responses, fulls, max_length), True
+
+
+def _check_policy(max_length: int, overlong: str) -> None:
+    if overlong not in OVERLONG:
+        raise ValueError(f"overlong must be one of {OVERLONG}, got {overlong!r}")
+    if max_length < 2:
+        raise ValueError(f"max_length must be at least 2, got {max_length}")
+
+
+def tokenize_pairs(pairs: Sequence[PreferencePair], tokenizer, max_length: int, overlong: str = "truncate") -> TokenizedPairs:
+    """Token ids for both sides of every pair, at most `max_length` each (see the module docstring)."""
+    _check_policy(max_length, overlong)
+    out = TokenizedPairs()
+    for pair in pairs:
+        if overlong == "drop":
+            ids = [encode_example(tokenizer, pair.prompt, r) for r in (pair.chosen, pair.rejected)]
+            if max(map(len, ids)) > max_length:
+                out.dropped.append((pair.source, f"longer than max_length {max_length} (chosen {len(ids[0])}, rejected {len(ids[1])} tokens)"))
+                continue
+        else:
+            ids, cut = fit_example(tokenizer, pair.prompt, [pair.chosen, pair.rejected], max_length)
+            out.truncated += cut
+        out.pairs.append(TokenizedPair(ids[0], ids[1], pair.margin, pair.source))
+    return out
+
+
+def tokenize_regression(
+    examples: Sequence[RegressionExample], tokenizer, max_length: int, overlong: str = "truncate"
+) -> TokenizedRegression:
+    """Token ids of every regression example, at most `max_length` (same policies as pairs)."""
+    _check_policy(max_length, overlong)
+    out = TokenizedRegression()
+    for example in examples:
+        if overlong == "drop" or example.response is None:
+            ids = encode_example(tokenizer, example.prompt, example.response)
+            cut = len(ids) > max_length
+            if cut and overlong == "drop":
+                out.dropped.append((example.source, f"longer than max_length {max_length} ({len(ids)} tokens)"))
+                continue
+            ids = _keep_end(tokenizer, ids, max_length)  # a whole text with no prompt/response split
+        else:
+            (ids,), cut = fit_example(tokenizer, example.prompt, [example.response], max_length)
+        out.truncated += cut
+        out.examples.append(TokenizedExample(ids, example.labels, example.source))
+    return out
+
+
+def _keep_end(tokenizer, ids: list[int], max_length: int) -> list[int]:
+    """The leading special tokens and the last tokens of `ids`, `max_length` in all."""
+    if len(ids) <= max_length:
+        return ids
+    head = _head_length(tokenizer, ids, max_length - 1)
+    return ids[:head] + ids[len(ids) - (max_length - head):]

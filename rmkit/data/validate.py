@@ -1,0 +1,88 @@
+"""Field checks shared by every format: each failure is a `DataError` naming file, line and field."""
+
+from __future__ import annotations
+
+import math
+
+from rmkit.data.readers import RawRecord
+from rmkit.data.records import Message
+
+ROLES = ("system", "user", "assistant", "tool", "developer")
+_UNSET = object()
+
+
+def get_field(record: RawRecord, key: str):
+    """The value of `key`, which must be present and not null."""
+    if key not in record.data:
+        present = ", ".join(sorted(map(str, record.data))) or "none"
+        raise record.error(key, f"missing (fields present: {present})")
+    value = record.data[key]
+    if value is None:
+        raise record.error(key, "is null")
+    return value
+
+
+def text_or_messages(record: RawRecord, key: str, value=_UNSET) -> str | list[Message]:
+    """A non-empty string or a non-empty list of `{"role", "content"}` messages (checked)."""
+    value = get_field(record, key) if value is _UNSET else value
+    if value is None:
+        raise record.error(key, "is null")
+    if isinstance(value, str):
+        if not value.strip():
+            raise record.error(key, "is empty")
+        return value
+    if isinstance(value, list):
+        return messages(record, key, value)
+    raise record.error(key, f"expected a string or a list of chat messages, got {type(value).__name__}")
+
+
+def messages(record: RawRecord, key: str, value) -> list[Message]:
+    """A non-empty list of messages, each `{"role": str, "content": str}` (extra keys are dropped)."""
+    if not isinstance(value, list):
+        raise record.error(key, f"expected a list of chat messages, got {type(value).__name__}")
+    if not value:
+        raise record.error(key, "is an empty list of messages")
+    checked = []
+    for i, message in enumerate(value):
+        where = f"{key}[{i}]"
+        if not isinstance(message, dict):
+            raise record.error(where, f"expected a message object, got {type(message).__name__}")
+        role, content = message.get("role"), message.get("content")
+        if not isinstance(role, str) or role not in ROLES:
+            raise record.error(f"{where}.role", f"expected one of {', '.join(ROLES)}, got {role!r}")
+        if not isinstance(content, str):
+            raise record.error(f"{where}.content", f"expected a string, got {type(content).__name__}")
+        checked.append({"role": role, "content": content})
+    if not any(m["content"].strip() for m in checked):
+        raise record.error(key, "every message is empty")
+    return checked
+
+
+def finite_number(record: RawRecord, key: str, value=_UNSET) -> float:
+    """A finite int or float (not a bool, NaN or infinity)."""
+    value = get_field(record, key) if value is _UNSET else value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        kind = "null" if value is None else type(value).__name__
+        raise record.error(key, f"expected a number, got {kind}")
+    if not math.isfinite(value):
+        raise record.error(key, f"must be finite, got {value}")
+    return float(value)
+
+
+def optional_number(record: RawRecord, key: str | None) -> float | None:
+    """`finite_number` when `key` is set and present (and not null), else None."""
+    if key is None or record.data.get(key) is None:
+        return None
+    return finite_number(record, key)
+
+
+def labels(record: RawRecord, key: str, num_labels: int | None) -> tuple[float, ...]:
+    """A number or a list of numbers, finite (or -100 for missing), of length `num_labels` if given."""
+    value = get_field(record, key)
+    values = value if isinstance(value, list) else [value]
+    if not values:
+        raise record.error(key, "is an empty list of labels")
+    out = tuple(finite_number(record, f"{key}[{i}]" if isinstance(value, list) else key, v) for i, v in enumerate(values))
+    if num_labels is not None and len(out) != num_labels:
+        raise record.error(key, f"expected {num_labels} labels, got {len(out)}")
+    return out
