@@ -21,9 +21,9 @@ from pathlib import Path
 
 import torch
 
+from rmkit.data.tokenize import _keep_end, encode_conversation, encode_text, fit_example
 from rmkit.errors import ConfigError
 from rmkit.models import load_reward_model, score_sequences
-from rmkit.serve._encode import encode_conversation, encode_text
 
 OVERLONG_CHOICES = ("truncate", "refuse")
 ROLES = ("system", "user", "assistant", "tool")
@@ -65,7 +65,8 @@ class ScoringEngine:
         max_batch_size: rows per forward pass.
         batch_window_ms: how long the first waiting async request waits for others to join its group.
         max_length: longest input in tokens (default: the model's maximum).
-        overlong: "truncate" (keep the first `max_length` tokens) or "refuse" (InputError).
+        overlong: "truncate" (as the data library does offline: keep the leading special tokens and the
+            end, where the reward is read) or "refuse" (InputError).
         normalize: divide `(reward - mean)` by `std` from `reward_stats.json` (scalar rewards only).
         attribute_weights: K weights turning a regression model's `[K]` vector into one scalar reward.
     """
@@ -95,6 +96,8 @@ class ScoringEngine:
         self.num_labels = int(self.model.config.num_labels)
         self.labels = [self.model.config.id2label.get(i, f"LABEL_{i}") for i in range(self.num_labels)]
         self.max_length = max_length or _model_max_length(self.model, self.tokenizer)
+        if self.max_length < 2:
+            raise ConfigError("max_length", f"must be >= 2, got {self.max_length}")
         self.max_batch_tokens, self.max_batch_size = max_batch_tokens, max_batch_size
         self.batch_window_s = batch_window_ms / 1000.0
         self.overlong = overlong
@@ -117,34 +120,51 @@ class ScoringEngine:
 
     # ---- text to ids -------------------------------------------------------------------------------
 
-    def _fit(self, ids: list[int], index: int) -> tuple[list[int], bool]:
+    def _check_length(self, ids: list[int], index: int) -> bool:
+        """True when `ids` must be cut; InputError when it is empty or over-long under "refuse"."""
         if not ids:
             raise InputError(f"input {index} has no tokens")
-        if len(ids) <= self.max_length:
-            return ids, False
-        if self.overlong == "refuse":
+        if len(ids) > self.max_length and self.overlong == "refuse":
             raise InputError(f"input {index} has {len(ids)} tokens, over the maximum of {self.max_length}")
-        return ids[: self.max_length], True
+        return len(ids) > self.max_length
 
     def encode_texts(self, texts: Sequence[str]) -> tuple[list[list[int]], int]:
-        """Token ids of each text and how many were truncated; raises InputError on a bad one."""
+        """Token ids of each text and how many were truncated; raises InputError on a bad one.
+
+        Truncation is the data library's for a whole text: the leading special tokens and the last
+        tokens (where the reward is read), `max_length` in all, as `rmkit score` does offline."""
         if not texts:
             raise InputError("no inputs to score")
+        out, truncated = [], 0
         for i, text in enumerate(texts):
             if not text:
                 raise InputError(f"input {i} is an empty string")
-        fitted = [self._fit(encode_text(self.tokenizer, text), i) for i, text in enumerate(texts)]
-        return [ids for ids, _ in fitted], sum(cut for _, cut in fitted)
+            ids = encode_text(self.tokenizer, text)
+            if self._check_length(ids, i):
+                ids, truncated = _keep_end(self.tokenizer, ids, self.max_length), truncated + 1
+            out.append(ids)
+        return out, truncated
 
     def encode_conversations(self, conversations: Sequence[list[dict]]) -> tuple[list[list[int]], int]:
-        """Token ids of each conversation (the model's chat template) and how many were truncated."""
+        """Token ids of each conversation (the model's chat template) and how many were truncated.
+
+        An over-long conversation ending with an assistant turn is cut as the data library cuts a
+        (prompt, response) example: oldest whole turns first, then prompt tokens, keeping the response's
+        end; any other is cut like a text."""
         if not conversations:
             raise InputError("no inputs to score")
-        fitted = []
+        out, truncated = [], 0
         for i, messages in enumerate(conversations):
             _check_messages(messages, i)
-            fitted.append(self._fit(encode_conversation(self.tokenizer, messages), i))
-        return [ids for ids, _ in fitted], sum(cut for _, cut in fitted)
+            ids = encode_conversation(self.tokenizer, messages)
+            if self._check_length(ids, i):
+                truncated += 1
+                if len(messages) > 1 and messages[-1]["role"] == "assistant":
+                    (ids,), _ = fit_example(self.tokenizer, messages[:-1], [messages[-1:]], self.max_length)
+                else:
+                    ids = _keep_end(self.tokenizer, ids, self.max_length)
+            out.append(ids)
+        return out, truncated
 
     # ---- scoring -----------------------------------------------------------------------------------
 

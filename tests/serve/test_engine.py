@@ -8,10 +8,10 @@ import pytest
 import torch
 from serve_helpers import CONVERSATIONS, TEXTS
 
+from rmkit.data.tokenize import encode_conversation, encode_text
 from rmkit.errors import ConfigError
 from rmkit.models import load_reward_model, score_sequences
 from rmkit.serve import InputError, ScoringEngine
-from rmkit.serve._encode import encode_conversation, encode_text
 
 TOL = 1e-5  # the bound: served rewards equal offline `rmkit score` rewards within 1e-5
 
@@ -68,13 +68,23 @@ def test_a_failing_group_answers_every_request_with_the_error(engine):
 
 
 def test_overlong_truncate_and_refuse(bt_model_dir):
-    long_text = " ".join(["the cat"] * 20)  # 41 tokens with BOS
+    long_text = " ".join(["the cat"] * 19 + ["a dog"])  # 41 tokens with BOS
     truncating = ScoringEngine(bt_model_dir, max_length=10)
     ids, truncated = truncating.encode_texts([long_text, "a dog"])
-    assert [len(i) for i in ids] == [10, 3] and truncated == 1
+    full = encode_text(truncating.tokenizer, long_text)
+    assert ids == [full[:1] + full[-9:], encode_text(truncating.tokenizer, "a dog")] and truncated == 1
     refusing = ScoringEngine(bt_model_dir, max_length=10, overlong="refuse")
     with pytest.raises(InputError, match="input 0 has 41 tokens, over the maximum of 10"):
         refusing.encode_texts([long_text])
+
+
+def test_overlong_conversation_loses_its_oldest_turns_first(bt_model_dir):
+    old = [{"role": "user", "content": "hello world yes no"}, {"role": "assistant", "content": "no"}]
+    last = [{"role": "user", "content": "what is the capital"}, {"role": "assistant", "content": "paris"}]
+    engine = ScoringEngine(bt_model_dir, max_length=12)
+    assert len(encode_conversation(engine.tokenizer, old + last)) > 12
+    ids, truncated = engine.encode_conversations([old + last])
+    assert ids == [encode_conversation(engine.tokenizer, last)] and truncated == 1
 
 
 def test_bad_inputs_raise_input_error(engine):

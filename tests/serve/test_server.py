@@ -9,8 +9,8 @@ import pytest
 import torch
 from serve_helpers import API_KEY, CONVERSATIONS, TEXTS
 
+from rmkit.data.tokenize import encode_conversation, encode_text
 from rmkit.models import load_reward_model, score_sequences
-from rmkit.serve._encode import encode_conversation, encode_text
 
 TOL = 1e-5  # served rewards equal offline `score_sequences` within 1e-5 (the bound)
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
@@ -83,7 +83,8 @@ def test_regression_server_vectors_weights_and_truncation(reg_server, reg_model_
     texts = ["the cat sat on the mat the dog sat", "a dog"]
     body = post(reg_server, "/v1/score", {"texts": texts}, headers={}).json()
     model, tokenizer = load_reward_model(reg_model_dir)
-    ids = [encode_text(tokenizer, t)[:8] for t in texts]  # the server truncates at --max-length 8
+    ids = [encode_text(tokenizer, t) for t in texts]
+    ids[0] = ids[0][:1] + ids[0][-7:]  # --max-length 8 keeps BOS and the end, as the data library does
     expected = score_sequences(model, ids, tokenizer.pad_token_id)
     torch.testing.assert_close(torch.tensor(body["rewards"]), expected, atol=TOL, rtol=0)
     torch.testing.assert_close(torch.tensor(body["scores"]), expected @ torch.tensor([0.5, 0.3, 0.2]),
