@@ -33,6 +33,20 @@ def test_client_batches_concurrently_and_keeps_order(bt_server, expected):
         assert len(client.score_conversations(CONVERSATIONS)) == 3
 
 
+def test_readme_grpo_example_scores_a_group_and_computes_advantages(bt_server, bt_model_dir):
+    from rmkit.losses import grpo_group_advantages
+
+    prompt = [{"role": "user", "content": "what is the capital of france"}]
+    completions = ["paris", "berlin", "the capital is paris", "no"]
+    conversations = [prompt + [{"role": "assistant", "content": c}] for c in completions]
+    with RewardClient(bt_server.url, api_key=API_KEY, batch_size=2, concurrency=2) as client:
+        rewards = torch.tensor(client.score_conversations(conversations))
+    advantages = grpo_group_advantages(rewards, group_size=4, leave_one_out=False, normalize_std=False)
+    local = ScoringEngine(bt_model_dir).score_conversations(conversations)[:, 0]
+    torch.testing.assert_close(rewards, local, atol=TOL, rtol=0)
+    torch.testing.assert_close(advantages, local - local.mean(), atol=TOL, rtol=0)
+
+
 def test_client_raises_on_4xx_without_retrying(bt_server):
     with RewardClient(bt_server.url, api_key="wrong", max_retries=3, backoff=5.0) as client:
         start = time.monotonic()
