@@ -7,6 +7,7 @@ import ipaddress
 import logging
 import signal
 import sys
+from pathlib import Path
 
 import torch
 
@@ -60,10 +61,12 @@ def main(argv: list[str]) -> int:
     from rmkit.serve.server import create_app
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not Path(args.model).is_dir():
+        raise ConfigError("model", f"{args.model} is not a model directory")
     try:
         engine = _load_engine(args)
-    except OSError as err:  # a missing or unreadable model directory
-        raise ConfigError("model", f"cannot load {args.model!r}: {err}") from err
+    except (OSError, ValueError) as err:  # no config, no weights, an unknown architecture
+        raise ConfigError("model", f"cannot load {args.model} as a reward model: {err}") from err
     if not _is_loopback(args.host):
         print(f"rmkit serve: listening on {args.host}, reachable from other machines"
               + ("" if args.api_key else " WITHOUT an API key"), file=sys.stderr)

@@ -9,7 +9,7 @@
                      "raw_scores"} -> [{"score", "label"}] per input (a list of lists for a batch)
     GET  /health, GET /metrics (Prometheus text)
 
-Bodies are read and checked here, not by pydantic, so every bad request gets one JSON error in the
+Bodies are read here and checked in `rmkit.serve.routes`, not by pydantic, so every bad request gets one JSON error in the
 OpenAI/vLLM shape `{"object": "error", "message", "type", "code"}` that names the problem.
 """
 
@@ -19,55 +19,26 @@ import hmac
 import json
 import logging
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
+from functools import partial
 
-import torch
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from rmkit.serve.engine import InputError, ScoringEngine
 from rmkit.serve.metrics import ServerMetrics
+from rmkit.serve.routes import HTTPError, classify_route, predict_route, score_route
 
 log = logging.getLogger("rmkit.serve")
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 413: "PayloadTooLargeError",
                422: "UnprocessableEntityError", 500: "InternalServerError"}
 
 
-class HTTPError(Exception):
-    """A request answered with `status` and a JSON error carrying `message`."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status, self.message = status, message
-
-
 def error_response(status: int, message: str) -> JSONResponse:
     body = {"object": "error", "message": message, "type": ERROR_TYPES.get(status, "Error"), "code": status}
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
     return JSONResponse(body, status_code=status, headers=headers)
-
-
-def string_list(value, field: str, max_inputs: int) -> list[str]:
-    """A string or a list of strings as a non-empty list, else 422/400/413 naming `field`."""
-    items = [value] if isinstance(value, str) else value
-    if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
-        raise HTTPError(422, f"'{field}' must be a string or a list of strings")
-    check_count(items, field, max_inputs)
-    return items
-
-
-def check_count(items: list, field: str, max_inputs: int) -> None:
-    if not items:
-        raise HTTPError(400, f"'{field}' is empty: nothing to score")
-    if len(items) > max_inputs:
-        raise HTTPError(413, f"'{field}' has {len(items)} inputs, over the limit of {max_inputs} per request")
-
-
-def activation(logits: torch.Tensor) -> torch.Tensor:
-    """vLLM and TEI's default: sigmoid for a single label, softmax over several. `[N, K] -> [N, K]`."""
-    return torch.sigmoid(logits) if logits.shape[1] == 1 else torch.softmax(logits, dim=1)
 
 
 async def read_json(request: Request, max_body_bytes: int) -> dict:
@@ -133,70 +104,10 @@ def create_app(
         metrics.observe_request(route, status, time.perf_counter() - start)
         return response
 
-    async def score_route(payload: dict) -> dict:
-        if ("texts" in payload) == ("conversations" in payload):
-            raise HTTPError(400, "send exactly one of 'texts' (list of strings) or 'conversations'")
-        if "texts" in payload:
-            texts = payload["texts"]
-            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-                raise HTTPError(422, "'texts' must be a list of strings")
-            check_count(texts, "texts", max_inputs)
-            ids, truncated = engine.encode_texts(texts)
-        else:
-            conversations = payload["conversations"]
-            if not isinstance(conversations, list):
-                raise HTTPError(422, "'conversations' must be a list of message lists")
-            check_count(conversations, "conversations", max_inputs)
-            ids, truncated = engine.encode_conversations(conversations)
-        raw = await engine.score_ids_async(ids)
-        scalar = engine.scalar_rewards(raw)
-        body = {"model": engine.model_name, "usage": {"tokens": sum(map(len, ids)), "truncated": truncated}}
-        if engine.num_labels == 1:
-            body["rewards"] = scalar.tolist()
-        else:
-            body["rewards"] = raw.tolist()
-            if scalar is not None:
-                body["scores"] = scalar.tolist()
-        return body
-
-    async def classify_route(payload: dict) -> dict:
-        if "messages" in payload:
-            ids, _ = engine.encode_conversations([payload["messages"]])
-        elif "input" in payload:
-            ids, _ = engine.encode_texts(string_list(payload["input"], "input", max_inputs))
-        else:
-            raise HTTPError(400, "send 'input' (a string or list of strings) or 'messages'")
-        use_activation = payload.get("use_activation", payload.get("activation", True))
-        if not isinstance(use_activation, bool) and use_activation is not None:
-            raise HTTPError(422, "'use_activation' must be a boolean")
-        logits = await engine.score_ids_async(ids)
-        probs = activation(logits) if use_activation is not False else logits
-        tokens = sum(map(len, ids))
-        data = [{"index": i, "label": engine.labels[int(row.argmax())], "probs": row.tolist(),
-                 "num_classes": engine.num_labels} for i, row in enumerate(probs)]
-        return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-                "model": engine.model_name, "data": data,
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
-                          "prompt_tokens_details": None}}
-
-    async def predict_route(payload: dict) -> list:
-        if "inputs" not in payload:
-            raise HTTPError(400, "send 'inputs': a string, a [text, text] pair, or a list of them")
-        single, texts = predict_inputs(payload["inputs"], max_inputs)
-        raw_scores = payload.get("raw_scores", False)
-        if not isinstance(raw_scores, bool):
-            raise HTTPError(422, "'raw_scores' must be a boolean")
-        ids, _ = engine.encode_texts(texts)
-        logits = await engine.score_ids_async(ids)
-        scores = logits if raw_scores else activation(logits)
-        predictions = [sorted(({"score": s, "label": engine.labels[k]} for k, s in enumerate(row.tolist())),
-                              key=lambda p: -p["score"]) for row in scores]
-        return predictions[0] if single else predictions
-
-    for path, route, methods in (("/v1/score", score_route, ["POST"]), ("/classify", classify_route, ["POST"]),
-                                 ("/v1/classify", classify_route, ["POST"]),
-                                 ("/predict", predict_route, ["POST"])):
-        app.add_api_route(path, _bind(handle, path, route), methods=methods)
+    routes = {"/v1/score": score_route, "/classify": classify_route, "/v1/classify": classify_route,
+              "/predict": predict_route}
+    for path, route in routes.items():
+        app.add_api_route(path, _bind(handle, path, partial(route, engine, max_inputs=max_inputs)), methods=["POST"])
 
     @app.get("/health")
     async def health() -> dict:
@@ -218,22 +129,3 @@ def _bind(handle, path: str, work):
     return endpoint
 
 
-def predict_inputs(inputs, max_inputs: int) -> tuple[bool, list[str]]:
-    """TEI's `inputs` as (is_single, texts). As in TEI, a top-level list of exactly two strings is ONE
-    (text, text_pair) input; a pair is scored as the concatenation `text + text_pair` (rmkit's
-    prompt + response)."""
-
-    def one(item) -> str:
-        if isinstance(item, str):
-            return item
-        if isinstance(item, list) and len(item) == 2 and all(isinstance(s, str) for s in item):
-            return item[0] + item[1]
-        raise HTTPError(422, "each of 'inputs' must be a string or a [text, text_pair] list of two strings")
-
-    if isinstance(inputs, str) or (isinstance(inputs, list) and len(inputs) == 2
-                                   and all(isinstance(s, str) for s in inputs)):
-        return True, [one(inputs)]
-    if not isinstance(inputs, list):
-        raise HTTPError(422, "'inputs' must be a string, a [text, text_pair] pair, or a list of them")
-    check_count(inputs, "inputs", max_inputs)
-    return False, [one(item) for item in inputs]

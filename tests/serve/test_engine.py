@@ -138,3 +138,14 @@ def test_encoder_model_matches_plain_transformers(tmp_path):
     with torch.no_grad():
         expected = torch.cat([model(**tokenizer(t, return_tensors="pt")).logits for t in TEXTS])
     torch.testing.assert_close(engine.score_texts(TEXTS), expected, atol=TOL, rtol=0)
+
+
+def test_cli_reports_bad_arguments_without_a_traceback(tmp_path, bt_model_dir, capsys):
+    from rmkit.cli import main
+
+    assert main(["serve", "--model", str(tmp_path / "missing")]) == 2
+    assert "config key 'model':" in capsys.readouterr().err
+    assert main(["serve", "--model", str(tmp_path)]) == 2  # a directory with no model in it
+    assert "cannot load" in capsys.readouterr().err
+    assert main(["serve", "--model", str(bt_model_dir), "--attribute-weights", "a,b"]) == 2
+    assert main(["serve", "--model", str(bt_model_dir), "--max-inputs", "0"]) == 2
