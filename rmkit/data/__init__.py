@@ -79,6 +79,7 @@ def load_preference_data(
     margin_key: str | None = "margin",
     text_key: str = "text",
     keep_ties: bool = False,
+    allow_empty_response: bool = False,
     on_error: str = "raise",
     on_identical: str = "warn",
     split: str = "train",
@@ -93,6 +94,8 @@ def load_preference_data(
             (chosen/rejected also name the tulu3 and hh_rlhf fields); `margin_key=None` ignores margins.
         text_key: the field of aligner comparison lines.
         keep_ties: ranked / helpsteer3 ties are an error by default; True skips them (counted).
+        allow_empty_response: an empty chosen / rejected response is an error by default; True
+            keeps it (real comparisons do rate a model that produced nothing: PandaLM has 33).
         on_error: "raise" the first bad record's `DataError`, or "skip" it (see `.skipped`).
         on_identical: chosen identical to rejected is a warning ("warn") or an error ("error").
         split: the split of a Hugging Face dataset.
@@ -101,7 +104,7 @@ def load_preference_data(
         raise DataError(str(path), None, None, f"unknown format '{format}'; choose one of {', '.join(FORMATS)}")
     if on_identical not in ON_IDENTICAL:
         raise ValueError(f"on_identical must be one of {ON_IDENTICAL}, got {on_identical!r}")
-    opts = FormatOptions(prompt_key, chosen_key, rejected_key, margin_key, text_key, keep_ties)
+    opts = FormatOptions(prompt_key, chosen_key, rejected_key, margin_key, text_key, keep_ties, allow_empty_response)
     collector = _Collector(on_error)
     items = read_records(path, split)
     items, format = _resolve_format(items, format, opts)
@@ -162,9 +165,7 @@ def _aligner_pairs(items: Iterable, opts: FormatOptions, collector: _Collector) 
     items = list(items)
     if len(items) % 2:
         last = items[-1]
-        line = last.line if isinstance(last, DataError) else last.line
-        path = last.path
-        collector.error(DataError(path, line, None, f"aligner comparison files need an even number of lines "
+        collector.error(DataError(last.path, last.line, None, f"aligner comparison files need an even number of lines "
                                   f"(chosen, rejected, ...); this one has {len(items)}"))
         items = items[:-1]
     for first, second in zip(items[0::2], items[1::2]):

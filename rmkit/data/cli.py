@@ -27,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--label-key", default="label", help="regression labels field")
     check.add_argument("--num-labels", type=int, default=None, help="regression: labels each record must have")
     check.add_argument("--keep-ties", action="store_true", help="skip (count) ranked / HelpSteer3 ties instead of failing")
+    check.add_argument("--allow-empty-response", action="store_true", help="accept empty chosen/rejected responses")
     check.add_argument("--identical", choices=("warn", "error"), default="warn", help="chosen identical to rejected")
     check.add_argument("--tokenizer", help="tokenizer directory: adds token length statistics")
     check.add_argument("--chat-template", help="a Jinja chat template file overriding the tokenizer's")
@@ -45,6 +46,7 @@ def load(args) -> LoadResult:
     return load_preference_data(
         args.file, args.format, prompt_key=args.prompt_key, chosen_key=args.chosen_key,
         rejected_key=args.rejected_key, keep_ties=args.keep_ties, on_error="skip",
+        allow_empty_response=args.allow_empty_response,
         on_identical=args.identical, split=args.split,
     )
 

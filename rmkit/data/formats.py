@@ -28,13 +28,14 @@ class FormatOptions:
     margin_key: str | None = "margin"
     text_key: str = "text"
     keep_ties: bool = False
+    allow_empty_response: bool = False
 
 
 def parse_binary(record: RawRecord, opts: FormatOptions) -> tuple[list[PreferencePair], list[str]]:
     """`{prompt, chosen, rejected[, margin]}`: text or chat messages; keys are configurable."""
     prompt = text_or_messages(record, opts.prompt_key)
-    chosen = text_or_messages(record, opts.chosen_key)
-    rejected = text_or_messages(record, opts.rejected_key)
+    chosen = text_or_messages(record, opts.chosen_key, allow_empty=opts.allow_empty_response)
+    rejected = text_or_messages(record, opts.rejected_key, allow_empty=opts.allow_empty_response)
     margin = optional_number(record, opts.margin_key)
     return [PreferencePair(prompt, chosen, rejected, margin, record.source)], []
 
@@ -53,7 +54,7 @@ def parse_ranked(record: RawRecord, opts: FormatOptions) -> tuple[list[Preferenc
         if not isinstance(item, dict):
             raise record.error(where, f"expected an object with 'rank' and 'completion', got {type(item).__name__}")
         rank = finite_number(record, f"{where}.rank", item.get("rank"))
-        ranked.append((rank, text_or_messages(record, f"{where}.completion", item.get("completion"))))
+        ranked.append((rank, text_or_messages(record, f"{where}.completion", item.get("completion"), opts.allow_empty_response)))
     pairs, skipped = [], []
     for i in range(len(ranked)):
         for j in range(i + 1, len(ranked)):
@@ -75,8 +76,8 @@ def parse_helpsteer3(record: RawRecord, opts: FormatOptions) -> tuple[list[Prefe
     """HelpSteer3 preference: `{context, response1, response2, overall_preference}` as NeMo RL
     preprocesses it: < 0 means response1 is chosen, > 0 response2; 0 is a tie (see `keep_ties`)."""
     context = text_or_messages(record, "context")
-    response1 = text_or_messages(record, "response1")
-    response2 = text_or_messages(record, "response2")
+    response1 = text_or_messages(record, "response1", allow_empty=opts.allow_empty_response)
+    response2 = text_or_messages(record, "response2", allow_empty=opts.allow_empty_response)
     preference = finite_number(record, "overall_preference")
     if preference == 0:
         if not opts.keep_ties:

@@ -50,6 +50,8 @@ def read_jsonl(path: str | Path) -> Iterator[RawRecord | DataError]:
                 yield DataError(path, number, None, f"not valid UTF-8 (byte 0x{raw[err.start]:02x} at column {err.start + 1})")
                 seen = True
                 continue
+            if number == 1:
+                text = text.removeprefix("\ufeff")  # a UTF-8 byte order mark
             if not text.strip():
                 continue
             seen = True
@@ -71,7 +73,7 @@ def read_json(path: str | Path) -> Iterator[RawRecord | DataError]:
     path = str(path)
     raw = Path(path).read_bytes()
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as err:
         line = raw[: err.start].count(b"\n") + 1
         raise DataError(path, line, None, f"not valid UTF-8 (byte 0x{raw[err.start]:02x})") from None
@@ -109,7 +111,7 @@ def read_parquet(path: str | Path) -> Iterator[RawRecord | DataError]:
 
 def read_hf_dataset(name_or_path: str, split: str = "train") -> Iterator[RawRecord | DataError]:
     """Records of a Hugging Face dataset: a `save_to_disk` directory, or a name `load_dataset` knows
-    (a hub id, or a local dataset folder). `name_or_path` may carry the split as `name:split`."""
+    (a hub id, or a local folder of data files)."""
     try:
         import datasets
     except ImportError:  # pragma: no cover - depends on the environment

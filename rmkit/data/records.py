@@ -40,7 +40,3 @@ class RegressionExample:
     labels: tuple[float, ...]
     source: str = ""
 
-
-def source_of(path: str, line: int, line_oriented: bool) -> str:
-    """`"path:line"` (1-based line) for JSON Lines, `"path[index]"` (0-based) for other layouts."""
-    return f"{path}:{line}" if line_oriented else f"{path}[{line}]"

@@ -89,13 +89,16 @@ class _ResumableSampler:
             batch = batches[self.consumed]
             self.consumed += 1
             yield batch
-        self.consumed = 0
+        # A finished epoch moves on: the next iteration (with or without set_epoch) is a new
+        # shuffle, and a checkpoint taken now resumes at the next epoch's start.
+        self.epoch, self.consumed = self.epoch + 1, 0
 
-    def state_dict(self, batches_consumed: int | None = None) -> dict:
-        """Resume state. With a prefetching `DataLoader` the sampler runs ahead of training; pass the
-        number of batches the training loop actually consumed this epoch."""
+    def state_dict(self, batches_consumed: int | None = None, epoch: int | None = None) -> dict:
+        """Resume state. A prefetching `DataLoader` runs the sampler ahead of training: then pass the
+        epoch and the number of its batches the training loop actually consumed."""
         consumed = self.consumed if batches_consumed is None else batches_consumed
-        return {"epoch": self.epoch, "consumed": consumed, "seed": self.seed, "num_records": len(self.lengths)}
+        epoch = self.epoch if epoch is None else epoch
+        return {"epoch": epoch, "consumed": consumed, "seed": self.seed, "num_records": len(self.lengths)}
 
     def load_state_dict(self, state: dict) -> None:
         if state["seed"] != self.seed or state["num_records"] != len(self.lengths):

@@ -33,14 +33,37 @@ def _strip_double_bos(tokenizer, ids: list[int]) -> list[int]:
     return ids
 
 
+def encode_rendered(tokenizer, rendered: Sequence[tuple[str, bool]], chunk: int = 1024) -> list[list[int]]:
+    """Token ids of many `(text, add_special_tokens)` items, batched (a fast tokenizer runs a batch
+    in parallel); item i gives exactly what tokenizing it alone gives."""
+    out: list[list[int] | None] = [None] * len(rendered)
+    for flag in (True, False):
+        indices = [i for i, (_, add) in enumerate(rendered) if add is flag]
+        for start in range(0, len(indices), chunk):
+            part = indices[start:start + chunk]
+            encoded = tokenizer([rendered[i][0] for i in part], add_special_tokens=flag)["input_ids"]
+            for i, ids in zip(part, encoded):
+                out[i] = _strip_double_bos(tokenizer, list(ids))
+    return out
+
+
 def encode_text(tokenizer, text: str) -> list[int]:
     """Token ids of `text` with the tokenizer's special tokens ([CLS]..[SEP], BOS..), BOS once."""
-    return _strip_double_bos(tokenizer, list(tokenizer(text, add_special_tokens=True)["input_ids"]))
+    return encode_rendered(tokenizer, [(text, True)])[0]
 
 
 def render_plain(messages: Sequence[Message]) -> str:
-    """rmkit's fallback chat rendering for tokenizers without a template: "User: hi\\nAssistant: hello"."""
+    """rmkit's fallback chat rendering for tokenizers without a template: "User: hi\nAssistant: hello"."""
     return "\n".join(f"{PLAIN_ROLES.get(m['role'], m['role'].capitalize())}: {m['content']}" for m in messages)
+
+
+def render_conversation(tokenizer, messages: Sequence[Message]) -> tuple[str, bool]:
+    """`(text, add_special_tokens)` for chat `messages` (see `encode_conversation`)."""
+    if not getattr(tokenizer, "chat_template", None):
+        return render_plain(messages), True
+    text = tokenizer.apply_chat_template(list(messages), tokenize=False)
+    starts = [t for t in (tokenizer.bos_token, tokenizer.cls_token) if t]
+    return text, bool(starts) and not any(text.startswith(t) for t in starts)
 
 
 def encode_conversation(tokenizer, messages: Sequence[Message]) -> list[int]:
@@ -48,12 +71,7 @@ def encode_conversation(tokenizer, messages: Sequence[Message]) -> list[int]:
     `encode_text` without one. The tokenizer's own special tokens are added only when the rendered
     text does not already start with them (a template that writes BOS gets no second BOS; an encoder
     given a template still gets its [CLS] .. [SEP])."""
-    if not getattr(tokenizer, "chat_template", None):
-        return encode_text(tokenizer, render_plain(messages))
-    text = tokenizer.apply_chat_template(list(messages), tokenize=False)
-    starts = [t for t in (tokenizer.bos_token, tokenizer.cls_token) if t]
-    add_special = bool(starts) and not any(text.startswith(t) for t in starts)
-    return _strip_double_bos(tokenizer, list(tokenizer(text, add_special_tokens=add_special)["input_ids"]))
+    return encode_rendered(tokenizer, [render_conversation(tokenizer, messages)])[0]
 
 
 def as_messages(value: str | list[Message], role: str) -> list[Message]:
@@ -61,15 +79,25 @@ def as_messages(value: str | list[Message], role: str) -> list[Message]:
     return [{"role": role, "content": value}] if isinstance(value, str) else list(value)
 
 
+def render_example(tokenizer, prompt: str | list[Message], response: str | list[Message] | None) -> tuple[str, bool]:
+    """`(text, add_special_tokens)` for a prompt and its response (see `encode_example`)."""
+    if response is None:
+        return (prompt, True) if isinstance(prompt, str) else render_conversation(tokenizer, prompt)
+    if isinstance(prompt, str) and isinstance(response, str):
+        return prompt + response, True
+    return render_conversation(tokenizer, as_messages(prompt, "user") + as_messages(response, "assistant"))
+
+
 def encode_example(tokenizer, prompt: str | list[Message], response: str | list[Message] | None) -> list[int]:
     """Token ids of a prompt and its response: both text -> `encode_text(prompt + response)`; any
     messages -> `encode_conversation(prompt_msgs + response_msgs)` (a text prompt is a user message, a
     text response an assistant message); `response=None` -> the prompt alone."""
-    if response is None:
-        return encode_text(tokenizer, prompt) if isinstance(prompt, str) else encode_conversation(tokenizer, prompt)
-    if isinstance(prompt, str) and isinstance(response, str):
-        return encode_text(tokenizer, prompt + response)
-    return encode_conversation(tokenizer, as_messages(prompt, "user") + as_messages(response, "assistant"))
+    return encode_rendered(tokenizer, [render_example(tokenizer, prompt, response)])[0]
+
+
+def encode_examples(tokenizer, items: Sequence[tuple]) -> list[list[int]]:
+    """`encode_example` of many `(prompt, response)` items at once (batched, same ids)."""
+    return encode_rendered(tokenizer, [render_example(tokenizer, p, r) for p, r in items])
 
 
 @dataclass(frozen=True)
@@ -156,16 +184,18 @@ def _oldest_turns_dropped(prompt: list[Message]) -> list[list[Message]]:
     return [system + rest[i:] for i in starts]
 
 
-def fit_example(tokenizer, prompt, responses: list, max_length: int) -> tuple[list[list[int]], bool]:
+def fit_example(
+    tokenizer, prompt, responses: list, max_length: int, fulls: list[list[int]] | None = None
+) -> tuple[list[list[int]], bool]:
     """Encode `prompt` with each of `responses` within `max_length` tokens (the `truncate` policy);
-    returns the ids and whether anything was cut."""
-    fulls = [encode_example(tokenizer, prompt, r) for r in responses]
+    returns the ids and whether anything was cut. `fulls`: the untruncated ids, if already known."""
+    fulls = fulls or encode_examples(tokenizer, [(prompt, r) for r in responses])
     if max(len(f) for f in fulls) <= max_length:
         return fulls, False
     if isinstance(prompt, list):
         for shorter in _oldest_turns_dropped(prompt):
             prompt = shorter
-            fulls = [encode_example(tokenizer, prompt, r) for r in responses]
+            fulls = encode_examples(tokenizer, [(prompt, r) for r in responses])
             if max(len(f) for f in fulls) <= max_length:
                 return fulls, True
     return _cut_tokens(tokenizer, prompt, responses, fulls, max_length), True
@@ -182,15 +212,17 @@ def tokenize_pairs(pairs: Sequence[PreferencePair], tokenizer, max_length: int, 
     """Token ids for both sides of every pair, at most `max_length` each (see the module docstring)."""
     _check_policy(max_length, overlong)
     out = TokenizedPairs()
-    for pair in pairs:
-        if overlong == "drop":
-            ids = [encode_example(tokenizer, pair.prompt, r) for r in (pair.chosen, pair.rejected)]
-            if max(map(len, ids)) > max_length:
-                out.dropped.append((pair.source, f"longer than max_length {max_length} (chosen {len(ids[0])}, rejected {len(ids[1])} tokens)"))
+    items = [(pair.prompt, side) for pair in pairs for side in (pair.chosen, pair.rejected)]
+    encoded = encode_examples(tokenizer, items)
+    for k, pair in enumerate(pairs):
+        ids = encoded[2 * k: 2 * k + 2]
+        if max(map(len, ids)) > max_length:
+            if overlong == "drop":
+                reason = f"longer than max_length {max_length} (chosen {len(ids[0])}, rejected {len(ids[1])} tokens)"
+                out.dropped.append((pair.source, reason))
                 continue
-        else:
-            ids, cut = fit_example(tokenizer, pair.prompt, [pair.chosen, pair.rejected], max_length)
-            out.truncated += cut
+            ids, _ = fit_example(tokenizer, pair.prompt, [pair.chosen, pair.rejected], max_length, ids)
+            out.truncated += 1
         out.pairs.append(TokenizedPair(ids[0], ids[1], pair.margin, pair.source))
     return out
 
@@ -201,16 +233,16 @@ def tokenize_regression(
     """Token ids of every regression example, at most `max_length` (same policies as pairs)."""
     _check_policy(max_length, overlong)
     out = TokenizedRegression()
-    for example in examples:
-        if overlong == "drop" or example.response is None:
-            ids = encode_example(tokenizer, example.prompt, example.response)
-            cut = len(ids) > max_length
-            if cut and overlong == "drop":
-                out.dropped.append((example.source, f"longer than max_length {max_length} ({len(ids)} tokens)"))
-                continue
+    encoded = encode_examples(tokenizer, [(e.prompt, e.response) for e in examples])
+    for example, ids in zip(examples, encoded):
+        cut = len(ids) > max_length
+        if cut and overlong == "drop":
+            out.dropped.append((example.source, f"longer than max_length {max_length} ({len(ids)} tokens)"))
+            continue
+        if cut and example.response is None:
             ids = _keep_end(tokenizer, ids, max_length)  # a whole text with no prompt/response split
-        else:
-            (ids,), cut = fit_example(tokenizer, example.prompt, [example.response], max_length)
+        elif cut:
+            (ids,), _ = fit_example(tokenizer, example.prompt, [example.response], max_length, [ids])
         out.truncated += cut
         out.examples.append(TokenizedExample(ids, example.labels, example.source))
     return out

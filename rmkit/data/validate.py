@@ -22,14 +22,15 @@ def get_field(record: RawRecord, key: str):
     return value
 
 
-def text_or_messages(record: RawRecord, key: str, value=_UNSET) -> str | list[Message]:
-    """A non-empty string or a non-empty list of `{"role", "content"}` messages (checked)."""
+def text_or_messages(record: RawRecord, key: str, value=_UNSET, allow_empty: bool = False) -> str | list[Message]:
+    """A non-empty string or a non-empty list of `{"role", "content"}` messages (checked);
+    `allow_empty` accepts an empty string (a response that was empty, e.g. a model that said nothing)."""
     value = get_field(record, key) if value is _UNSET else value
     if value is None:
         raise record.error(key, "is null")
     if isinstance(value, str):
-        if not value.strip():
-            raise record.error(key, "is empty")
+        if not value.strip() and not allow_empty:
+            raise record.error(key, "is empty (allow_empty_response=True / --allow-empty-response accepts empty responses)")
         return value
     if isinstance(value, list):
         return messages(record, key, value)

@@ -101,3 +101,20 @@ def test_skip_counts_and_writes_rejects(tmp_path):
     write_rejects(rejects, result.skipped)
     lines = [json.loads(line) for line in rejects.read_text().splitlines()]
     assert lines[0]["source"] == f"{path}:2" and "invalid JSON" in lines[0]["reason"]
+
+
+def test_empty_response_allowed_on_request(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [GOOD, {"prompt": "Q", "chosen": "an answer", "rejected": ""}])
+    with pytest.raises(DataError, match=rf"{path}:2: field 'rejected': is empty"):
+        load_preference_data(path)
+    result = load_preference_data(path, allow_empty_response=True)
+    assert result.records[1].rejected == ""
+    prompt_empty = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "", "chosen": "a", "rejected": "b"}])
+    with pytest.raises(DataError, match="field 'prompt': is empty"):
+        load_preference_data(prompt_empty, allow_empty_response=True)
+
+
+def test_byte_order_mark_and_crlf(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(GOOD).encode() + b"\r\n" + json.dumps(GOOD).encode() + b"\r\n")
+    assert len(load_preference_data(path).records) == 2

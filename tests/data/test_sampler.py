@@ -54,8 +54,20 @@ def test_resume_mid_epoch_gives_the_same_remaining_batches(make):
     resumed.load_state_dict(state)
     resumed.set_epoch(2)  # a training loop calls this at the top of every epoch; it keeps the position
     assert seen + list(resumed) == expected
+    assert resumed.epoch == 3 and resumed.consumed == 0  # a finished epoch moves on
     resumed.set_epoch(3)
     assert len(list(resumed)) == len(resumed)  # the next epoch starts from its beginning
+
+
+def test_iterating_without_set_epoch_reshuffles_and_prefetch_state():
+    sampler = LengthGroupedBatchSampler(LENGTHS, batch_size=8, seed=1)
+    first, second = list(sampler), list(sampler)
+    assert first != second and sorted(map(tuple, first)) != sorted(map(tuple, second))
+    # A loader that prefetched to the end of epoch 0 while training consumed 5 batches of it.
+    state = sampler.state_dict(batches_consumed=5, epoch=0)
+    resumed = LengthGroupedBatchSampler(LENGTHS, batch_size=8, seed=1)
+    resumed.load_state_dict(state)
+    assert list(resumed) == first[5:]
 
 
 def test_resume_rejects_other_data():

@@ -148,3 +148,20 @@ def test_regression_truncate_and_drop(char_tok):
 def test_bad_policy_is_rejected(char_tok):
     with pytest.raises(ValueError, match="overlong"):
         tokenize_pairs([], char_tok, max_length=8, overlong="cut")
+
+
+def test_batched_encoding_matches_one_at_a_time(char_tok, minilm_tok):
+    from rmkit.data.tokenize import encode_examples
+
+    items = [("ab", "cd"), (CHAT[:1], "yo"), ("hi", None), (CHAT, None), ("<s>x", "y")]
+    for tok in (char_tok, minilm_tok):
+        assert encode_examples(tok, items) == [encode_example(tok, p, r) for p, r in items]
+
+
+def test_chat_pairs_have_one_bos(char_tok):
+    pair = PreferencePair(CHAT[:1], [CHAT[1]], "nope", None, "f:1")
+    for max_length in (100, 12):
+        (got,) = tokenize_pairs([pair], char_tok, max_length=max_length).pairs
+        for ids in (got.chosen_ids, got.rejected_ids):
+            assert ids[0] == char_tok.bos_token_id and ids.count(char_tok.bos_token_id) == 1
+            assert len(ids) <= max_length
