@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from rmkit.data.tokenize import _keep_end, encode_conversation, encode_text, fit_example
+from rmkit.data.tokenize import _keep_end, encode_examples, fit_example
 from rmkit.errors import ConfigError
 from rmkit.models import load_reward_model, score_sequences
 
@@ -135,11 +135,12 @@ class ScoringEngine:
         tokens (where the reward is read), `max_length` in all, as `rmkit score` does offline."""
         if not texts:
             raise InputError("no inputs to score")
-        out, truncated = [], 0
         for i, text in enumerate(texts):
             if not text:
                 raise InputError(f"input {i} is an empty string")
-            ids = encode_text(self.tokenizer, text)
+        out, truncated = [], 0
+        # encode_examples(text, None) is encode_text, batched through the fast tokenizer.
+        for i, ids in enumerate(encode_examples(self.tokenizer, [(text, None) for text in texts])):
             if self._check_length(ids, i):
                 ids, truncated = _keep_end(self.tokenizer, ids, self.max_length), truncated + 1
             out.append(ids)
@@ -153,10 +154,11 @@ class ScoringEngine:
         end; any other is cut like a text."""
         if not conversations:
             raise InputError("no inputs to score")
-        out, truncated = [], 0
         for i, messages in enumerate(conversations):
             _check_messages(messages, i)
-            ids = encode_conversation(self.tokenizer, messages)
+        out, truncated = [], 0
+        encoded = encode_examples(self.tokenizer, [(messages, None) for messages in conversations])
+        for i, (messages, ids) in enumerate(zip(conversations, encoded)):
             if self._check_length(ids, i):
                 truncated += 1
                 if len(messages) > 1 and messages[-1]["role"] == "assistant":
