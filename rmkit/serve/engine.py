@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from rmkit.data.tokenize import _keep_end, encode_examples, fit_example
+from rmkit.data.tokenize import keep_end, encode_examples, fit_example
 from rmkit.errors import ConfigError
 from rmkit.models import load_reward_model, score_sequences
 
@@ -142,7 +142,7 @@ class ScoringEngine:
         # encode_examples(text, None) is encode_text, batched through the fast tokenizer.
         for i, ids in enumerate(encode_examples(self.tokenizer, [(text, None) for text in texts])):
             if self._check_length(ids, i):
-                ids, truncated = _keep_end(self.tokenizer, ids, self.max_length), truncated + 1
+                ids, truncated = keep_end(self.tokenizer, ids, self.max_length), truncated + 1
             out.append(ids)
         return out, truncated
 
@@ -164,7 +164,7 @@ class ScoringEngine:
                 if len(messages) > 1 and messages[-1]["role"] == "assistant":
                     (ids,), _ = fit_example(self.tokenizer, messages[:-1], [messages[-1:]], self.max_length)
                 else:
-                    ids = _keep_end(self.tokenizer, ids, self.max_length)
+                    ids = keep_end(self.tokenizer, ids, self.max_length)
             out.append(ids)
         return out, truncated
 
