@@ -184,7 +184,7 @@ def train(cfg: Config) -> TrainResult:
                 bar.write(f"rmkit: step {state.step}: {_summary(val_metrics)}")
             ckpt = cfg.checkpointing
             if ckpt.enabled and ckpt.save_period and state.step % ckpt.save_period == 0 and not last:
-                save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics})
+                save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics}, tokenizer)
             if last:
                 break
         state.epoch += 1
@@ -194,7 +194,7 @@ def train(cfg: Config) -> TrainResult:
         if dist.is_main():
             print(f"rmkit: step {state.step}: {_summary(val_metrics)}", file=sys.stderr)
     if cfg.checkpointing.enabled:  # the last step, with the final validation as its metrics
-        save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics})
+        save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics}, tokenizer)
     logger.close()
 
     # --- export and plots (rank 0)

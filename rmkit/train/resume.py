@@ -98,7 +98,9 @@ def restore_training_state(path: Path, state, device: torch.device) -> dict:
     return saved
 
 
-def save_training_checkpoint(cfg, state, metrics: dict, extra: dict | None = None) -> Path | None:
+def save_training_checkpoint(
+    cfg, state, metrics: dict, extra: dict | None = None, tokenizer=None
+) -> Path | None:
     """Save `step_<state.step>` (rank 0) with every rank's RNG state, then apply `keep_top_k`.
 
     Args:
@@ -106,6 +108,7 @@ def save_training_checkpoint(cfg, state, metrics: dict, extra: dict | None = Non
         state: the loop's TrainState.
         metrics: the latest metrics (validation included), saved under their checkpoint names.
         extra: more picklable loop state to keep (e.g. the last validation metrics).
+        tokenizer: saved alongside, so the step directory works as a model directory.
     """
     rng_states = dist.all_gather_object(capture_rng_state())  # a collective: every rank calls it
     path = None
@@ -122,6 +125,7 @@ def save_training_checkpoint(cfg, state, metrics: dict, extra: dict | None = Non
             rng_states=rng_states,
             config=cfg,
             metrics=checkpoint_metrics(metrics),
+            tokenizer=tokenizer,
         )
         prune_checkpoints(ckpt.checkpoint_dir, ckpt.keep_top_k, ckpt.metric_name, ckpt.higher_is_better)
     dist.barrier()
