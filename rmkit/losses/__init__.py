@@ -1,0 +1,33 @@
+"""Alignment losses with NeMo RL's LossFunction protocol; see `rmkit.losses.protocol`."""
+
+from rmkit.losses.advantages import grpo_group_advantages
+from rmkit.losses.dpo import DPOLossConfig, DPOLossFn
+from rmkit.losses.logprobs import next_token_logprobs
+from rmkit.losses.masking import masked_mean, valid_counts
+from rmkit.losses.nll import NLLLoss
+from rmkit.losses.packing import SequencePackingLossWrapper
+from rmkit.losses.policy_gradient import KL_ESTIMATORS, ClippedPGLossConfig, ClippedPGLossFn
+from rmkit.losses.preference import PreferenceLoss, split_pairs
+from rmkit.losses.protocol import LossFunction, reduce_metrics
+from rmkit.losses.regression import IGNORE_LABEL, RegressionLoss, regression_label_mask
+
+__all__ = [
+    "IGNORE_LABEL",
+    "KL_ESTIMATORS",
+    "ClippedPGLossConfig",
+    "ClippedPGLossFn",
+    "DPOLossConfig",
+    "DPOLossFn",
+    "LossFunction",
+    "NLLLoss",
+    "PreferenceLoss",
+    "RegressionLoss",
+    "SequencePackingLossWrapper",
+    "grpo_group_advantages",
+    "masked_mean",
+    "next_token_logprobs",
+    "reduce_metrics",
+    "regression_label_mask",
+    "split_pairs",
+    "valid_counts",
+]

@@ -1,0 +1,100 @@
+"""Per-token log-probabilities from next-token logits, computed in chunks.
+
+The naive `log_softmax(logits.float(), -1).gather(...)` materializes a float32 copy of `[B, S, V]`
+(two when the logits are bf16: the cast and the log-softmax), and its backward two more. Here each
+chunk of positions goes through a fused float32 log-softmax and is gathered, so the extra memory is
+one chunk; the backward recomputes the softmax per chunk instead of saving anything `[B, S, V]`, and
+writes the gradient straight into one buffer of the logits' shape and dtype (the only `[B, S, V]`
+tensor it allocates, and the one any backward must return).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rmkit.losses.masking import compute_dtype
+
+# Elements of float32 scratch per chunk (8 MiB): small next to any [B, S, V] worth chunking, large
+# enough that per-op overhead (thread wake-ups on CPU, kernel launches on GPU) stays negligible.
+DEFAULT_CHUNK_ELEMENTS = 1 << 21
+
+
+def _chunks(batch: int, length: int, vocab: int, chunk_elements: int):
+    """Yield index tuples `(rows, positions)` covering `[batch, length]` in chunks of about
+    `chunk_elements // vocab` positions: several whole rows when a row is short, else part of a row.
+    """
+    per_chunk = max(1, chunk_elements // max(vocab, 1))
+    if length <= per_chunk:
+        rows_per_chunk = max(1, per_chunk // max(length, 1))
+        for b in range(0, batch, rows_per_chunk):
+            yield slice(b, min(b + rows_per_chunk, batch)), slice(0, length)
+        return
+    for b in range(batch):
+        for t in range(0, length, per_chunk):
+            yield slice(b, b + 1), slice(t, min(t + per_chunk, length))
+
+
+class _ChunkedNextTokenLogprobs(torch.autograd.Function):
+    """log p(input_ids[:, t+1]) from next_token_logits[:, t]; see `next_token_logprobs`."""
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, input_ids: torch.Tensor, chunk_elements: int) -> torch.Tensor:
+        batch, seq, vocab = logits.shape
+        dtype = compute_dtype(logits)
+        targets = input_ids[:, 1:]
+        out = torch.empty(batch, seq - 1, dtype=dtype, device=logits.device)
+        for rows, pos in _chunks(batch, seq - 1, vocab, chunk_elements):
+            # The fused kernel casts while it reads: the float32 copy is one chunk, never [B, S, V].
+            logp = torch.log_softmax(logits[rows, pos], dim=-1, dtype=dtype)
+            out[rows, pos] = logp.gather(-1, targets[rows, pos, None]).squeeze(-1)
+        ctx.save_for_backward(logits, targets)
+        ctx.chunk_elements = chunk_elements
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        logits, targets = ctx.saved_tensors
+        batch, seq, vocab = logits.shape
+        dtype = compute_dtype(logits)
+        grad_logits = torch.empty_like(logits)
+        grad_logits[:, -1].zero_()  # the last position predicts nothing here
+        grad_out = grad_out.to(dtype)
+        for rows, pos in _chunks(batch, seq - 1, vocab, ctx.chunk_elements):
+            # d logp(y) / d x_v = 1[v = y] - softmax(x)_v, scaled by the incoming gradient; the
+            # softmax is recomputed here rather than saved, so the forward keeps nothing [B, S, V].
+            g = grad_out[rows, pos, None]
+            x = torch.softmax(logits[rows, pos], dim=-1, dtype=dtype).mul_(-g)
+            x.scatter_add_(-1, targets[rows, pos, None], g)
+            grad_logits[rows, pos] = x
+        return grad_logits, None, None
+
+
+def next_token_logprobs(
+    next_token_logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """Log-probabilities of `input_ids[:, 1:]` under `next_token_logits[:, :-1]`, in float32.
+
+    Args:
+        next_token_logits: `[B, S, V]`, any floating dtype; position t predicts `input_ids[:, t+1]`.
+        input_ids: `[B, S]` token ids.
+        chunk_elements: float32 scratch elements per chunk (positions per chunk = this // V).
+
+    Returns:
+        `[B, S-1]` float32 (float64 for float64 logits); entry `[b, t]` is log p(input_ids[b, t+1] | input_ids[b, :t+1]), i.e. it
+        lines up with `token_mask[:, 1:]`, `prev_logprobs[:, 1:]` and the other per-token tensors.
+        Differentiable with respect to the logits; the backward also works chunk by chunk.
+    """
+    if next_token_logits.dim() != 3 or input_ids.dim() != 2:
+        raise ValueError(
+            f"next_token_logprobs expects logits [B, S, V] and input_ids [B, S], got "
+            f"{tuple(next_token_logits.shape)} and {tuple(input_ids.shape)}"
+        )
+    if next_token_logits.shape[:2] != input_ids.shape:
+        raise ValueError(
+            f"logits {tuple(next_token_logits.shape)} and input_ids {tuple(input_ids.shape)} disagree on [B, S]"
+        )
+    if input_ids.shape[1] < 1:
+        raise ValueError("input_ids must have at least one position")
+    return _ChunkedNextTokenLogprobs.apply(next_token_logits, input_ids.long(), int(chunk_elements))

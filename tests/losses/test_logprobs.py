@@ -1,0 +1,57 @@
+"""The chunked per-token log-probs against log_softmax in float64, values and gradients."""
+
+import pytest
+import torch
+
+from rmkit.losses import next_token_logprobs
+
+
+def _naive(logits, input_ids):
+    return torch.log_softmax(logits.double(), -1)[:, :-1].gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+@pytest.mark.parametrize("chunk_elements", [1, 7, 40, 130, 1 << 20])  # row parts, row groups, all
+def test_float64_matches_log_softmax_values_and_gradients(chunk_elements):
+    # float64 end to end: agreement to 1e-12 absolute (log-probs are O(1..10)).
+    logits = torch.randn(3, 6, 13, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, 13, (3, 6))
+    got = next_token_logprobs(logits, ids, chunk_elements=chunk_elements)
+    want = _naive(logits, ids)
+    assert got.shape == (3, 5) and got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    upstream = torch.randn(3, 5, dtype=torch.float64)
+    (g_got,) = torch.autograd.grad(got, logits, upstream)
+    (g_want,) = torch.autograd.grad(want, logits, upstream)
+    torch.testing.assert_close(g_got, g_want, rtol=0, atol=1e-12)
+    assert torch.all(g_got[:, -1] == 0)  # the last position predicts no token
+
+
+def test_bf16_logits_give_float32_log_probs_and_bf16_gradients():
+    # The float32 math sees the same bf16 values as the float64 reference: error is float32
+    # rounding only (1e-5 absolute); the gradient is rounded to bf16 (relative 2^-8).
+    logits = (3 * torch.randn(2, 5, 1000)).bfloat16().requires_grad_()
+    ids = torch.randint(0, 1000, (2, 5))
+    got = next_token_logprobs(logits, ids, chunk_elements=2000)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), _naive(logits, ids), rtol=0, atol=1e-5)
+    got.sum().backward()
+    assert logits.grad.dtype == torch.bfloat16
+    want = torch.softmax(logits.detach().double(), -1).neg()
+    want[:, :-1].scatter_add_(-1, ids[:, 1:, None], torch.ones(2, 4, 1, dtype=torch.float64))
+    want[:, -1] = 0
+    torch.testing.assert_close(logits.grad.double(), want, rtol=1e-2, atol=1e-3)
+
+
+def test_non_contiguous_logits_slice():
+    # A slice of a packed row (as the packing wrapper passes) is read in place.
+    full = torch.randn(1, 10, 9, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, 9, (1, 4))
+    got = next_token_logprobs(full[:, 3:7], ids, chunk_elements=9)
+    torch.testing.assert_close(got, _naive(full[:, 3:7], ids), rtol=0, atol=1e-12)
+
+
+def test_shape_errors_are_clear():
+    with pytest.raises(ValueError, match="disagree"):
+        next_token_logprobs(torch.randn(2, 5, 3), torch.zeros(2, 4, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"\[B, S, V\]"):
+        next_token_logprobs(torch.randn(5, 3), torch.zeros(5, dtype=torch.long))
