@@ -27,6 +27,7 @@ from rmkit.train.logging import MetricsLogger, NullLogger, ProgressBar
 from rmkit.train.plots import plot_reward_histograms, plot_training_curves
 from rmkit.train.resume import (
     resolve_resume,
+    restore_rng,
     restore_training_state,
     rewind_metrics_log,
     save_training_checkpoint,
@@ -146,6 +147,8 @@ def train(cfg: Config) -> TrainResult:
             print(f"rmkit: step 0: {_summary(val_metrics)}", file=sys.stderr)
 
     # --- the loop
+    if resume_from:
+        restore_rng(saved)  # last thing before the first step: nothing at setup shifts the random streams
     bar = ProgressBar(steps, cfg.logger.progress_bar and dist.is_main(), initial=state.step)
     train_time, pairs_seen, tokens_seen = 0.0, 0, 0
     window = {"time": 0.0, "pairs": 0, "tokens": 0}

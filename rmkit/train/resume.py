@@ -74,10 +74,10 @@ def _choose(checkpoint_dir: Path, resume: str | None) -> str | None:
 
 
 def restore_training_state(path: Path, state, device: torch.device) -> dict:
-    """Load `path` into `state` (model, optimizer, scheduler, sampler, step, epoch) and this rank's RNG.
+    """Load `path` into `state` (model, optimizer, scheduler, sampler, step, epoch).
 
-    Returns the whole saved trainer state (metrics and extras included). Call it after everything
-    that draws random numbers at setup (model init) and before the first step.
+    Returns the whole saved trainer state (metrics, extras, `rng`); pass it to `restore_rng` just
+    before the first step, after everything at setup that may draw random numbers.
     """
     saved = load_checkpoint(
         path, model=state.model, optimizer=state.optimizer, scheduler=state.scheduler, map_location=device
@@ -87,15 +87,19 @@ def restore_training_state(path: Path, state, device: torch.device) -> dict:
     except ValueError as err:  # the data or the seed changed since the checkpoint
         raise ConfigError("checkpointing.resume", f"cannot continue {path}: {err}") from None
     state.step, state.epoch = saved["step"], saved["epoch"]
+    return saved
+
+
+def restore_rng(saved: dict) -> None:
+    """This rank's RNG states from a loaded trainer state (rank 0's when the number of processes changed)."""
     rngs = saved["rng"]
-    if len(rngs) != dist.world_size():
+    if len(rngs) != dist.world_size() and dist.is_main():
         print(
-            f"rmkit: warning: {path} was saved by {len(rngs)} process(es), this run has {dist.world_size()}; "
-            "RNG streams restart from rank 0's (the data order is unaffected)",
+            f"rmkit: warning: the checkpoint was saved by {len(rngs)} process(es), this run has "
+            f"{dist.world_size()}; random streams continue from rank 0's (the data order is unaffected)",
             file=sys.stderr,
         )
     restore_rng_state(rngs[dist.rank()] if len(rngs) == dist.world_size() else rngs[0])
-    return saved
 
 
 def save_training_checkpoint(

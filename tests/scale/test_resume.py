@@ -88,6 +88,7 @@ def test_save_prune_and_resume_exactly(tmp_path):
 
     fresh = make_state(seed=1)
     saved = resume.restore_training_state(path, fresh, torch.device("cpu"))
+    resume.restore_rng(saved)
     assert (fresh.step, fresh.epoch, fresh.sampler.position, saved["note"]) == (4, 0, 4, "x")
     got = [step(fresh) or fresh.model.weight.clone() for _ in range(2)]
     assert all(torch.equal(a, b) for a, b in zip(expected, got))  # RNG, optimizer, scheduler all restored
@@ -123,3 +124,15 @@ def test_rewind_metrics_log(tmp_path):
     assert resume.rewind_metrics_log(tmp_path / "absent.jsonl", 2) == []
     resume.rewind_metrics_log(log, 2, revalidates=True)  # the validation record at step 2 goes too
     assert [json.loads(line) for line in log.read_text().splitlines()] == records[:2]
+
+
+def test_restore_rng_from_a_different_number_of_processes(capsys):
+    from rmkit.train.checkpoint import capture_rng_state
+
+    torch.manual_seed(1)
+    rank0 = capture_rng_state()
+    expected = torch.rand(2)
+    torch.manual_seed(2)
+    resume.restore_rng({"rng": [rank0, capture_rng_state()]})  # saved by 2 processes, resumed by 1
+    assert torch.equal(torch.rand(2), expected)
+    assert "saved by 2 process(es), this run has 1" in capsys.readouterr().err
