@@ -13,6 +13,7 @@ local instead of global counts) is off by a factor of 2 and fails at the first s
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -62,6 +63,29 @@ def write_config(tmp_path: Path, name: str, micro: int) -> Path:
     return path
 
 
+def torchrun(config: Path, *args: str) -> str:
+    return run([
+        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+        "--master-port", str(free_port()), "-m", "rmkit", "train", "--config", str(config), *args,
+    ])  # fmt: skip
+
+
+def assert_close_runs(out_a: Path, out_b: Path) -> None:
+    a_records, b_records = records(out_a), records(out_b)
+    assert [r["step"] for r in a_records] == [r["step"] for r in b_records]  # rank 0 alone logged, once
+    for a, b in zip(a_records, b_records):
+        assert a.keys() == b.keys()
+        for key in a:
+            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (a["step"], key)
+    w1, w2 = (
+        load_file(out_a / "final" / "model.safetensors"),
+        load_file(out_b / "final" / "model.safetensors"),
+    )
+    assert w1.keys() == w2.keys()
+    for key in w1:
+        torch.testing.assert_close(w2[key], w1[key], rtol=0, atol=1e-5)
+
+
 def run(cmd: list[str]) -> str:
     proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-5000:]
@@ -73,8 +97,8 @@ def records(out: Path) -> list[dict]:
     return [{k: v for k, v in json.loads(line).items() if not k.endswith("_per_s")} for line in lines]
 
 
-@pytest.mark.slow  # ~15 s on a quiet 2-core machine (torchrun + two imports of torch and transformers)
-def test_two_gloo_processes_equal_one_process(tmp_path, capsys):
+@pytest.mark.slow  # ~25 s on a quiet 2-core machine (2 torchrun launches, each importing transformers twice)
+def test_two_gloo_processes_equal_one_process(tmp_path):
     single = write_config(tmp_path, "single", micro=4)
     double = write_config(tmp_path, "ddp", micro=2)  # per rank: 4 pairs of the global 8, in 2 micro-batches
     threads = torch.get_num_threads()
@@ -82,26 +106,18 @@ def test_two_gloo_processes_equal_one_process(tmp_path, capsys):
         assert cli.main(["train", "--config", str(single)]) == 0
     finally:
         torch.set_num_threads(threads)
-    err = run([
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()), "-m", "rmkit", "train", "--config", str(double),
-    ])  # fmt: skip
-
-    one, two = records(tmp_path / "single"), records(tmp_path / "ddp")
-    assert [r["step"] for r in one] == [r["step"] for r in two]  # rank 0 alone logged, once per record
-    for a, b in zip(one, two):
-        assert a.keys() == b.keys()
-        for key in a:
-            assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-6), (a["step"], key)
-    val = [r for r in two if "validation-default/num_pairs" in r]
+    err = torchrun(double)
+    assert_close_runs(tmp_path / "single", tmp_path / "ddp")
+    val = [r for r in records(tmp_path / "ddp") if "validation-default/num_pairs" in r]
     assert val and all(r["validation-default/num_pairs"] == 21 for r in val)  # gathered from both ranks
-
-    w1, w2 = (
-        load_file(tmp_path / "single" / "final" / "model.safetensors"),
-        load_file(tmp_path / "ddp" / "final" / "model.safetensors"),
-    )
-    assert w1.keys() == w2.keys()
-    for key in w1:
-        torch.testing.assert_close(w2[key], w1[key], rtol=0, atol=1e-5)
     assert sorted(p.name for p in (tmp_path / "ddp").glob("step_*")) == ["step_10", "step_5"]
     assert err.count("rmkit: training") == 1, "only rank 0 prints"
+
+    # The single process's step-5 checkpoint, resumed by 2 processes, ends where the single run did.
+    mixed = write_config(tmp_path, "mixed", micro=2)
+    (tmp_path / "mixed").mkdir()
+    shutil.copytree(tmp_path / "single" / "step_5", tmp_path / "mixed" / "step_5")
+    shutil.copytree(tmp_path / "single" / "logs", tmp_path / "mixed" / "logs")
+    err = torchrun(mixed, "--resume")
+    assert "saved by 1 process(es), this run has 2" in err and err.count("resuming from") == 1
+    assert_close_runs(tmp_path / "single", tmp_path / "mixed")
