@@ -9,6 +9,7 @@ from pathlib import Path
 from rmkit import distributed as dist
 from rmkit.config import Config
 from rmkit.data import load_preference_data, load_regression_data, write_rejects
+from rmkit.data.sampler import LengthGroupedBatchSampler
 from rmkit.data.tokenize import tokenize_pairs, tokenize_regression
 
 RESOURCES = Path(__file__).resolve().parents[1] / "resources"
@@ -89,10 +90,6 @@ def make_sampler(cfg: Config, lengths: list[int]):
     `random` is a plain shuffle (each length its own bucket is not needed: all lengths equal)."""
     if cfg.data.batching == "random":
         lengths = [0] * len(lengths)  # one length: grouping degenerates into a plain shuffle
-    try:
-        from rmkit.data.sampler import LengthGroupedBatchSampler
-    except ImportError:  # TEMPORARY until the data branch's sampler is merged
-        from rmkit.train._sampler_fallback import LengthGroupedBatchSampler
     # Every data-parallel rank builds the same global batches and takes its own slice of each.
     world = dist.world_size()
     if cfg.policy.train_global_batch_size % world:

@@ -1,15 +1,17 @@
 """What the loop minimizes, per reward-model type, with DESIGN.md's global-count normalization.
 
-Each objective maps a micro-batch's rewards and collated tensors to a loss that is already divided by
-the *global* count, so summing the micro-batch losses of one optimizer step gives the full-batch loss
-(micro-batch 1 x accumulation 8 == micro-batch 8 x accumulation 1), and an all-reduce of the counts
-across ranks is the only change data parallelism needs.
+Thin adapters over `rmkit.losses` that return device tensors only (the `LossFunction` objects return
+Python floats, i.e. one host-device sync per metric per micro-batch, which the hot loop avoids). Each
+loss is already divided by the *global* count, so summing the micro-batch losses of one optimizer step
+gives the full-batch loss (micro-batch 1 x accumulation 8 == micro-batch 8 x accumulation 1).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
+
+from rmkit.losses import masked_mean, regression_label_mask
+from rmkit.losses.preference import preference_terms
 
 
 def bradley_terry_loss(rewards: torch.Tensor, margin: torch.Tensor, sample_mask: torch.Tensor,
@@ -19,19 +21,15 @@ def bradley_terry_loss(rewards: torch.Tensor, margin: torch.Tensor, sample_mask:
     Args:
         rewards: `[2N]` or `[2N, 1]` interleaved `[c0, r0, c1, r1, ...]`.
         margin: `[N]` required reward gap (0 where absent).
-        sample_mask: `[2N]`; a pair counts when its chosen row counts.
+        sample_mask: `[2N]`; a pair counts when both its rows count.
         global_valid_seqs: scalar, valid rows of the whole global batch (2 x pairs).
     Returns:
-        `(loss, correct)`: the loss summed over valid pairs / (global_valid_seqs / 2), and `[N]` float
-        1.0 where `r_c > r_r` strictly (a tie is wrong) on a valid pair.
+        `(loss, correct)`: the loss summed over valid pairs / (global_valid_seqs / 2), and the number of
+        valid pairs of this micro-batch with `r_c > r_r` strictly (a tie is wrong), a detached scalar.
     """
-    rewards = rewards.reshape(-1).float()
-    chosen, rejected = rewards[0::2], rewards[1::2]
-    pair_mask = sample_mask[0::2].float()
-    per_pair = -F.logsigmoid(chosen - rejected - margin.float())
-    loss = (per_pair * pair_mask).sum() / (global_valid_seqs / 2)
-    correct = (chosen > rejected).float() * pair_mask
-    return loss, correct.detach()
+    terms = preference_terms(rewards.reshape(-1).float(), sample_mask, global_valid_seqs, margin=margin)
+    correct = terms["accuracy"] * (global_valid_seqs / 2)  # undo the normalization: a count
+    return terms["loss"], correct.detach()
 
 
 def regression_loss(rewards: torch.Tensor, labels: torch.Tensor, sample_mask: torch.Tensor,
@@ -47,11 +45,11 @@ def regression_loss(rewards: torch.Tensor, labels: torch.Tensor, sample_mask: to
     Returns:
         `(loss, squared_error_sum)`; the second is detached, for metrics.
     """
-    present = (labels != -100.0).float() * sample_mask.float()[:, None]
-    squared = (rewards.float() - labels.float()).pow(2) * present
-    return squared.sum() / global_valid_labels, squared.sum().detach()
+    mask = regression_label_mask(labels, sample_mask).float()
+    squared = (rewards.float() - torch.where(mask > 0, labels.float(), torch.zeros_like(mask))).pow(2)
+    return masked_mean(squared, mask, global_valid_labels), (squared * mask).sum().detach()
 
 
 def valid_label_count(labels: torch.Tensor, sample_mask: torch.Tensor) -> torch.Tensor:
     """Present labels `[]` of a `[B, K]` label tensor on valid rows (the regression loss denominator)."""
-    return ((labels != -100.0).float() * sample_mask.float()[:, None]).sum()
+    return regression_label_mask(labels, sample_mask).float().sum()

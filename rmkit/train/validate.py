@@ -6,35 +6,21 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
 from rmkit.distributed import all_gather_cat, shard
+from rmkit.metrics import reward_model_metrics
 from rmkit.models import score_sequences
 from rmkit.models.setup import autocast
 
 
 def pair_metrics(chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, float]:
-    """DESIGN.md's reward-model metrics of `[N]` chosen and rejected rewards.
-
-    `loss` is the mean of `-log sigmoid(r_c - r_r)`, `acc` counts `r_c > r_r` strictly (a tie is wrong),
-    `rewards_all_std` is unbiased over the 2N rewards together.
-    """
-    chosen, rejected = chosen.double().reshape(-1), rejected.double().reshape(-1)
-    n = chosen.numel()
-    if n == 0:
+    """DESIGN.md's reward-model metrics of `[N]` chosen and rejected rewards (`rmkit.metrics`); NaN
+    metrics for an empty set instead of an error, so a tiny validation file cannot stop a run."""
+    if chosen.numel() == 0:
         return {"loss": math.nan, "acc": math.nan, "rewards_chosen_mean": math.nan,
                 "rewards_rejected_mean": math.nan, "rewards_all_mean": math.nan,
                 "rewards_all_std": math.nan, "num_pairs": 0}
-    both = torch.cat([chosen, rejected])
-    return {
-        "loss": float(-F.logsigmoid(chosen - rejected).mean()),
-        "acc": float((chosen > rejected).double().mean()),
-        "rewards_chosen_mean": float(chosen.mean()),
-        "rewards_rejected_mean": float(rejected.mean()),
-        "rewards_all_mean": float(both.mean()),
-        "rewards_all_std": float(both.std()) if both.numel() > 1 else 0.0,
-        "num_pairs": n,
-    }
+    return reward_model_metrics(chosen, rejected)
 
 
 def regression_metrics(predictions: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
