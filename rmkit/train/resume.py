@@ -118,6 +118,8 @@ def save_training_checkpoint(
     path = None
     if dist.is_main():
         ckpt = cfg.checkpointing
+        named = checkpoint_metrics(metrics)
+        _check_metric_name(ckpt.metric_name, named)
         trainer_state = {"epoch": state.epoch, "sampler": state.sampler.state_dict(), **(extra or {})}
         path = save_checkpoint(
             ckpt.checkpoint_dir,
@@ -128,12 +130,28 @@ def save_training_checkpoint(
             trainer_state=trainer_state,
             rng_states=rng_states,
             config=cfg,
-            metrics=checkpoint_metrics(metrics),
+            metrics=named,
             tokenizer=tokenizer,
         )
         prune_checkpoints(ckpt.checkpoint_dir, ckpt.keep_top_k, ckpt.metric_name, ckpt.higher_is_better)
     dist.barrier()
     return path
+
+
+_warned_metric_names: set[str] = set()
+
+
+def _check_metric_name(metric_name: str | None, named: dict) -> None:
+    # A misspelt metric name would silently turn top-k into "most recent k": say so, once per run.
+    if not metric_name or not named or metric_name in named or metric_name in _warned_metric_names:
+        return
+    _warned_metric_names.add(metric_name)
+    known = ", ".join(sorted(k for k in named if k.startswith("val:"))) or "none"
+    print(
+        f"rmkit: warning: checkpointing.metric_name '{metric_name}' is not among the validation metrics "
+        f"({known}); checkpoints without it rank last, so keep_top_k keeps the most recent ones",
+        file=sys.stderr,
+    )
 
 
 def rewind_metrics_log(path: Path, step: int, revalidates: bool = False) -> list[dict]:

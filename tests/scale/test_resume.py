@@ -94,6 +94,16 @@ def test_save_prune_and_resume_exactly(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(expected, got))  # RNG, optimizer, scheduler all restored
 
 
+def test_unknown_metric_name_warns_once(tmp_path, capsys):
+    cfg = Cfg(Checkpointing(str(tmp_path), metric_name="val:validation-typo_loss"))
+    state = make_state()
+    for _ in range(2):
+        step(state)
+        resume.save_training_checkpoint(cfg, state, {"validation-default/loss": 0.5})
+    err = capsys.readouterr().err
+    assert err.count("'val:validation-typo_loss' is not among") == 1 and "val:validation-default_loss" in err
+
+
 def test_resolve_resume_choices(tmp_path, capsys):
     assert resume.resolve_resume(tmp_path, None) is None
     assert resume.resolve_resume(tmp_path, "auto") is None
