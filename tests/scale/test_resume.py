@@ -146,3 +146,16 @@ def test_restore_rng_from_a_different_number_of_processes(capsys):
     resume.restore_rng({"rng": [rank0, capture_rng_state()]})  # saved by 2 processes, resumed by 1
     assert torch.equal(torch.rand(2), expected)
     assert "saved by 2 process(es), this run has 1" in capsys.readouterr().err
+
+
+def test_resume_with_changed_data_is_a_config_error(tmp_path):
+    from rmkit.data.sampler import LengthGroupedBatchSampler
+
+    cfg = Cfg(Checkpointing(str(tmp_path)))
+    state = make_state()
+    state.sampler = LengthGroupedBatchSampler([3] * 10, batch_size=2, seed=1)
+    resume.save_training_checkpoint(cfg, state, {})
+    fresh = make_state()
+    fresh.sampler = LengthGroupedBatchSampler([3] * 12, batch_size=2, seed=1)  # two more records
+    with pytest.raises(ConfigError, match="checkpointing.resume.*records"):
+        resume.restore_training_state(tmp_path / "step_0", fresh, torch.device("cpu"))
