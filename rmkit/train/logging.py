@@ -84,3 +84,27 @@ class ProgressBar:
 
     def close(self) -> None:
         self._bar.close()
+
+
+class StepWindow:
+    """Training numbers since the last logged step: mean loss and accuracy per step, pairs/s and
+    real tokens/s over the steps' own time (validation and checkpoints excluded)."""
+
+    def __init__(self):
+        self.steps, self.time, self.pairs, self.tokens, self.loss, self.acc = 0, 0.0, 0, 0, 0.0, 0.0
+
+    def add(self, seconds: float, pairs: int, tokens: int, loss: float, acc: float) -> None:
+        self.steps += 1
+        self.time, self.pairs, self.tokens = self.time + seconds, self.pairs + pairs, self.tokens + tokens
+        self.loss, self.acc = self.loss + loss, self.acc + acc
+
+    def rates(self) -> tuple[float, float]:
+        """`(pairs/s, tokens/s)`."""
+        seconds = max(self.time, 1e-9)
+        return self.pairs / seconds, self.tokens / seconds
+
+    def metrics(self) -> dict[str, float]:
+        pairs_per_s, tokens_per_s = self.rates()
+        steps = max(self.steps, 1)
+        return {"train/loss": self.loss / steps, "train/acc": self.acc / steps,
+                "train/pairs_per_s": pairs_per_s, "train/tokens_per_s": tokens_per_s}

@@ -23,7 +23,7 @@ from rmkit.models.setup import RewardForward, prepare_model, resolve_model_name,
 from rmkit.train.datasets import item_tokens, load_run_data, make_sampler
 from rmkit.train.export import export_model, reward_stats
 from rmkit.train.loggers import build_loggers
-from rmkit.train.logging import MetricsLogger, NullLogger, ProgressBar
+from rmkit.train.logging import MetricsLogger, NullLogger, ProgressBar, StepWindow
 from rmkit.train.plots import plot_reward_histograms, plot_training_curves
 from rmkit.train.resume import (
     resolve_resume,
@@ -150,8 +150,7 @@ def train(cfg: Config) -> TrainResult:
     if resume_from:
         restore_rng(saved)  # last thing before the first step: nothing at setup shifts the random streams
     bar = ProgressBar(steps, cfg.logger.progress_bar and dist.is_main(), initial=state.step)
-    train_time, pairs_seen, tokens_seen = 0.0, 0, 0
-    window = {"time": 0.0, "pairs": 0, "tokens": 0}
+    total, window = StepWindow(), StepWindow()
     while state.step < steps and state.epoch < cfg.rm.max_num_epochs:
         sampler.set_epoch(state.epoch)
         for indices in sampler:
@@ -159,7 +158,7 @@ def train(cfg: Config) -> TrainResult:
             batch = [data.train[i] for i in indices]
             metrics = step_fn(forward, batch, cfg.policy.train_micro_batch_size, pad_id, cfg.policy.precision, device)
             # The one host-device sync per step: the loss must be finite before the update is applied.
-            loss = float(metrics["loss"])
+            loss, acc = torch.stack([metrics["loss"], metrics.get("acc", torch.full_like(metrics["loss"], math.nan))]).tolist()
             if not math.isfinite(loss):
                 optimizer.zero_grad(set_to_none=True)
                 raise TrainingDiverged(
@@ -171,16 +170,12 @@ def train(cfg: Config) -> TrainResult:
             state.step += 1
             dt = time.perf_counter() - t0
             tokens = sum(item_tokens(item) for item in batch)
-            train_time, pairs_seen, tokens_seen = train_time + dt, pairs_seen + len(batch), tokens_seen + tokens
-            window = {"time": window["time"] + dt, "pairs": window["pairs"] + len(batch),
-                      "tokens": window["tokens"] + tokens}
-            acc = float(metrics["acc"]) if "acc" in metrics else math.nan
-            bar.update(loss, acc, window["pairs"] / window["time"], window["tokens"] / window["time"])
+            for w in (total, window):
+                w.add(dt, len(batch), tokens, loss, acc)
+            bar.update(loss, acc, *window.rates())
             if state.step % cfg.rm.log_period == 0 or state.step == steps:
-                logger.log({"train/loss": loss, "train/acc": acc, "train/grad_norm": float(grad_norm),
-                            "train/lr": lr, "train/pairs_per_s": window["pairs"] / window["time"],
-                            "train/tokens_per_s": window["tokens"] / window["time"]}, state.step)
-                window = {"time": 0.0, "pairs": 0, "tokens": 0}
+                logger.log({**window.metrics(), "train/grad_norm": float(grad_norm), "train/lr": lr}, state.step)
+                window = StepWindow()
             last = state.step == steps
             if data.val and cfg.rm.val_period and state.step % cfg.rm.val_period == 0 and not last:
                 val_metrics, val_rewards = run_validation(cfg, model, data, pad_id, logger, state.step)
@@ -209,8 +204,7 @@ def train(cfg: Config) -> TrainResult:
         plots = [p for p in (plot_training_curves(logger.history, log_dir / "training_curves.png"),
                              plot_reward_histograms(val_rewards, log_dir / "reward_histograms.png")) if p]
     dist.destroy()
-    return TrainResult(final_dir, log_dir, state.step, val_metrics, pairs_seen / max(train_time, 1e-9),
-                       tokens_seen / max(train_time, 1e-9), plots)
+    return TrainResult(final_dir, log_dir, state.step, val_metrics, *total.rates(), plots)
 
 
 def _summary(metrics: dict[str, float]) -> str:
