@@ -151,6 +151,7 @@ def train(cfg: Config) -> TrainResult:
         restore_rng(saved)  # last thing before the first step: nothing at setup shifts the random streams
     bar = ProgressBar(steps, cfg.logger.progress_bar and dist.is_main(), initial=state.step)
     total, window = StepWindow(), StepWindow()
+    window.__dict__.update(saved.get("log_window", {}))  # a resumed window logs the same means
     while state.step < steps and state.epoch < cfg.rm.max_num_epochs:
         sampler.set_epoch(state.epoch)
         for indices in sampler:
@@ -182,7 +183,8 @@ def train(cfg: Config) -> TrainResult:
                 bar.write(f"rmkit: step {state.step}: {_summary(val_metrics)}")
             ckpt = cfg.checkpointing
             if ckpt.enabled and ckpt.save_period and state.step % ckpt.save_period == 0 and not last:
-                save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics}, tokenizer)
+                extra = {"val_metrics": val_metrics, "log_window": dict(vars(window))}
+                save_training_checkpoint(cfg, state, val_metrics, extra, tokenizer)
             if last:
                 break
         state.epoch += 1
