@@ -14,9 +14,6 @@ local instead of global counts) is off by a factor of 2 and fails at the first s
 import json
 import os
 import shutil
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -25,17 +22,12 @@ import yaml
 from safetensors.torch import load_file
 
 from rmkit import cli
+from tests.scale.launch import torchrun
 from tests.scale.tiny import make_tiny_decoder, write_pairs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "RMKIT_NUM_THREADS": "1"}
 STEPS = 8
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_config(tmp_path: Path, name: str, micro: int) -> Path:
@@ -63,11 +55,8 @@ def write_config(tmp_path: Path, name: str, micro: int) -> Path:
     return path
 
 
-def torchrun(config: Path, *args: str) -> str:
-    return run([
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-        "--master-port", str(free_port()), "-m", "rmkit", "train", "--config", str(config), *args,
-    ])  # fmt: skip
+def rmkit_torchrun(config: Path, *args: str) -> str:
+    return torchrun(["-m", "rmkit", "train", "--config", str(config), *args], ENV)
 
 
 def assert_close_runs(out_a: Path, out_b: Path) -> None:
@@ -86,12 +75,6 @@ def assert_close_runs(out_a: Path, out_b: Path) -> None:
         torch.testing.assert_close(w2[key], w1[key], rtol=0, atol=1e-5)
 
 
-def run(cmd: list[str]) -> str:
-    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-5000:]
-    return proc.stderr
-
-
 def records(out: Path) -> list[dict]:
     lines = (out / "logs" / "metrics.jsonl").read_text().splitlines()
     return [{k: v for k, v in json.loads(line).items() if not k.endswith("_per_s")} for line in lines]
@@ -106,7 +89,7 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
         assert cli.main(["train", "--config", str(single)]) == 0
     finally:
         torch.set_num_threads(threads)
-    err = torchrun(double)
+    err = rmkit_torchrun(double)
     assert_close_runs(tmp_path / "single", tmp_path / "ddp")
     val = [r for r in records(tmp_path / "ddp") if "validation-default/num_pairs" in r]
     assert val and all(r["validation-default/num_pairs"] == 21 for r in val)  # gathered from both ranks
@@ -118,6 +101,6 @@ def test_two_gloo_processes_equal_one_process(tmp_path):
     (tmp_path / "mixed").mkdir()
     shutil.copytree(tmp_path / "single" / "step_5", tmp_path / "mixed" / "step_5")
     shutil.copytree(tmp_path / "single" / "logs", tmp_path / "mixed" / "logs")
-    err = torchrun(mixed, "--resume")
+    err = rmkit_torchrun(mixed, "--resume")
     assert "saved by 1 process(es), this run has 2" in err and err.count("resuming from") == 1
     assert_close_runs(tmp_path / "single", tmp_path / "mixed")
