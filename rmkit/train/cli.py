@@ -1,0 +1,64 @@
+"""`rmkit train --config CONFIG.yaml [section.key=value ...]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from rmkit.config import load_config
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rmkit train",
+        description="Train a reward model. Overrides use dotted keys, e.g. policy.optimizer.lr=1e-5 "
+                    "rm.max_num_steps=100 data.val_data_paths.hh=../shared/data/hh_harmless_val.jsonl",
+    )
+    parser.add_argument("--config", help="YAML config (default: all defaults = configs/default.yaml's run)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the newest valid checkpoint in checkpointing.checkpoint_dir "
+                             "(= checkpointing.resume=auto)")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
+    return parser
+
+
+def usage_text(result) -> str:
+    """What to do with the trained model next."""
+    d = result.final_dir
+    return f"""
+Reward model saved to {d}
+  logs and metrics: {result.log_dir}/metrics.jsonl (tensorboard --logdir {result.log_dir})
+  plots:            {', '.join(str(p) for p in result.plots) or '(none)'}
+
+Use it:
+  rmkit eval  --model {d} --data FILE.jsonl
+  rmkit score --model {d} --input FILE.jsonl --output scored.jsonl
+  rmkit serve --model {d}
+  python -c "from transformers import AutoModelForSequenceClassification as M, AutoTokenizer as T; \\
+m = M.from_pretrained('{d}'); t = T.from_pretrained('{d}'); \\
+print(m(**t('Question? Answer.', return_tensors='pt')).logits)"
+"""
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    cfg = load_config(args.config, args.overrides + (["checkpointing.resume=auto"] if args.resume else []))
+
+    from rmkit.train.recipe import TrainingDiverged, train  # heavy imports only once the config is valid
+
+    try:
+        result = train(cfg)
+    except TrainingDiverged as err:
+        print(f"rmkit train: training failed: {err}", file=sys.stderr)
+        return 1
+    from rmkit import distributed as dist
+
+    if not dist.is_main():  # under torchrun, rank 0 reports
+        return 0
+    print(f"rmkit: trained {result.steps} steps at {result.pairs_per_s:.2f} pairs/s, "
+          f"{result.tokens_per_s:.0f} tokens/s (training only, validation excluded)", file=sys.stderr)
+    if result.val_metrics:
+        print("rmkit: final validation: " + ", ".join(
+            f"{k} {v:.4f}" for k, v in result.val_metrics.items() if k.endswith(("/acc", "/loss"))), file=sys.stderr)
+    print(usage_text(result))
+    return 0

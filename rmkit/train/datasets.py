@@ -1,0 +1,101 @@
+"""Training and validation data for a run: loaded, validated and tokenized once, then batched by length."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rmkit import distributed as dist
+from rmkit.config import Config
+from rmkit.data import load_preference_data, load_regression_data, write_rejects
+from rmkit.data.sampler import LengthGroupedBatchSampler
+from rmkit.data.tokenize import tokenize_pairs, tokenize_regression
+
+RESOURCES = Path(__file__).resolve().parents[1] / "resources"
+EMBEDDED = {"default": RESOURCES / "default_train.jsonl", "default-val": RESOURCES / "default_val.jsonl"}
+
+
+def resolve_data_path(path: str) -> str:
+    """`default` / `default-val` -> the preference set that ships with rmkit; other paths unchanged."""
+    return str(EMBEDDED.get(path, path))
+
+
+@dataclass
+class RunData:
+    """Tokenized training items (pairs or regression examples), validation sets by name, and lengths."""
+
+    train: list
+    val: dict[str, list]
+    lengths: list[int]
+
+
+def _load_and_tokenize(path: str, cfg: Config, tokenizer, rejects_path: Path, label: str) -> list:
+    data = cfg.data
+    max_length = cfg.policy.max_total_sequence_length
+    if cfg.policy.reward_model_cfg.reward_model_type == "regression":
+        loaded = load_regression_data(
+            resolve_data_path(path), prompt_key=data.prompt_key, label_key=data.label_key,
+            num_labels=cfg.policy.reward_model_cfg.num_labels, on_error=data.on_error,
+        )
+        tokenized = tokenize_regression(loaded.records, tokenizer, max_length, overlong=data.overlong)
+        items = tokenized.examples
+    else:
+        loaded = load_preference_data(
+            resolve_data_path(path), format=data.format, prompt_key=data.prompt_key,
+            chosen_key=data.chosen_key, rejected_key=data.rejected_key, on_error=data.on_error,
+        )
+        tokenized = tokenize_pairs(loaded.records, tokenizer, max_length, overlong=data.overlong)
+        items = tokenized.pairs
+    skipped = list(loaded.skipped) + list(tokenized.dropped)
+    if dist.is_main():  # every rank loads the same data; one of them reports it
+        if skipped:
+            write_rejects(rejects_path, skipped)
+        print(f"rmkit: {label}: {len(items)} {'examples' if cfg.policy.reward_model_cfg.reward_model_type == 'regression' else 'pairs'}"
+              f" from {path} ({tokenized.truncated} truncated to {max_length} tokens"
+              + (f", {len(skipped)} skipped -> {rejects_path}" if skipped else "") + ")", file=sys.stderr)
+    return items
+
+
+def item_length(item) -> int:
+    """Padded length an item costs: the longer side of a pair, or the example's length."""
+    if hasattr(item, "chosen_ids"):
+        return max(len(item.chosen_ids), len(item.rejected_ids))
+    return len(item.input_ids)
+
+
+def item_tokens(item) -> int:
+    """Real (non-padding) tokens an item feeds the model."""
+    if hasattr(item, "chosen_ids"):
+        return len(item.chosen_ids) + len(item.rejected_ids)
+    return len(item.input_ids)
+
+
+def load_run_data(cfg: Config, tokenizer, out_dir: Path) -> RunData:
+    """Load and tokenize `data.train_data_path` and every `data.val_data_paths` entry."""
+    train = _load_and_tokenize(cfg.data.train_data_path, cfg, tokenizer, out_dir / "rejects-train.jsonl", "train")
+    if not train:
+        from rmkit.errors import DataError
+
+        raise DataError(cfg.data.train_data_path, None, None, "no usable training records")
+    val = {
+        name: _load_and_tokenize(path, cfg, tokenizer, out_dir / f"rejects-{name}.jsonl", f"validation-{name}")
+        for name, path in cfg.data.val_data_paths.items()
+    }
+    return RunData(train=train, val=val, lengths=[item_length(i) for i in train])
+
+
+def make_sampler(cfg: Config, lengths: list[int]):
+    """Global batches of indices. `length_grouped` puts similar lengths together (little padding);
+    `random` is a plain shuffle (each length its own bucket is not needed: all lengths equal)."""
+    if cfg.data.batching == "random":
+        lengths = [0] * len(lengths)  # one length: grouping degenerates into a plain shuffle
+    # Every data-parallel rank builds the same global batches and takes its own slice of each.
+    world = dist.world_size()
+    if cfg.policy.train_global_batch_size % world:
+        from rmkit.errors import ConfigError
+
+        raise ConfigError("policy.train_global_batch_size",
+                          f"{cfg.policy.train_global_batch_size} does not divide among {world} processes")
+    return LengthGroupedBatchSampler(lengths, batch_size=cfg.policy.train_global_batch_size // world,
+                                     seed=cfg.rm.seed, num_replicas=world, rank=dist.rank())

@@ -1,0 +1,53 @@
+"""Save the final reward model as a plain Hugging Face model directory.
+
+`<checkpoint_dir>/final/` holds safetensors weights, config, tokenizer (with its chat template),
+`reward_stats.json` (validation reward mean and std, for reward normalization in RL) and
+`rmkit_config.yaml` (the resolved training config). `AutoModelForSequenceClassification.from_pretrained`
+on it reproduces rmkit's rewards: decoders carry a pad token distinct from every real last token.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import torch
+
+from rmkit.config import Config, save_config
+from rmkit.models.setup import unwrap
+
+REWARD_STATS = "reward_stats.json"
+CONFIG_NAME = "rmkit_config.yaml"
+
+
+def reward_stats(rewards: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict:
+    """Mean and unbiased std of all validation rewards (chosen and rejected together), overall and per set."""
+    per_set = {}
+    for name, (chosen, rejected) in rewards.items():
+        both = torch.cat([chosen.reshape(-1), rejected.reshape(-1)]).double()
+        per_set[name] = {"mean": float(both.mean()), "std": float(both.std()) if both.numel() > 1 else 0.0,
+                         "count": int(both.numel())}
+    if not per_set:
+        return {"mean": None, "std": None, "count": 0, "sets": {}}
+    everything = torch.cat([torch.cat([c.reshape(-1), r.reshape(-1)]) for c, r in rewards.values()]).double()
+    return {"mean": float(everything.mean()), "std": float(everything.std()) if everything.numel() > 1 else 0.0,
+            "count": int(everything.numel()), "sets": per_set}
+
+
+def export_model(model: torch.nn.Module, tokenizer, out_dir: str | Path, cfg: Config | None = None,
+                 stats: dict | None = None) -> Path:
+    """Write `model` (LoRA merged, float32 weights, training wrappers removed) and `tokenizer` to `out_dir`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    # Merging LoRA rewrites the base weights; merge a copy so the training model stays as it was.
+    model = unwrap(copy.deepcopy(model) if hasattr(model, "merge_and_unload") else model)
+    if getattr(model, "is_gradient_checkpointing", False):
+        model.gradient_checkpointing_disable()
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    if stats is not None:
+        (out_dir / REWARD_STATS).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    if cfg is not None:
+        save_config(cfg, out_dir / CONFIG_NAME)
+    return out_dir

@@ -1,0 +1,105 @@
+"""The loop's complete state in one place, and the pieces it is built from (optimizer, schedule, RNG).
+
+`TrainState.state_dict()` holds everything a checkpoint needs to continue a run exactly: model and
+optimizer tensors, the scheduler, the batch sampler's position, every RNG, the step and the epoch.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from rmkit.config import OptimizerConfig, SchedulerConfig
+
+
+def set_threads(num_threads: int | None) -> int:
+    """torch intra-op threads from the config, else `RMKIT_NUM_THREADS`, else torch's default."""
+    num_threads = num_threads or int(os.environ.get("RMKIT_NUM_THREADS", "0")) or None
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    return torch.get_num_threads()
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def rng_state() -> dict:
+    """Python, numpy, torch CPU and (when present) CUDA generator states."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:
+    """AdamW over trainable parameters; biases and norm weights (1-D tensors) get no weight decay."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    fused = all(p.is_cuda for p in params) and bool(params)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused or None)
+
+
+def lr_factor(step: int, cfg: SchedulerConfig, total_steps: int) -> float:
+    """Multiplier of the peak lr before optimizer step `step` (0-based): linear warmup, then cosine to
+    `min_lr_ratio` at `total_steps`, or constant."""
+    warmup = max(cfg.warmup_steps, math.ceil(cfg.warmup_ratio * total_steps))
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    if cfg.name == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: SchedulerConfig, total_steps: int):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, total_steps))
+
+
+@dataclass
+class TrainState:
+    """Model, optimizer, scheduler, sampler, step and epoch of a run (plus RNG in `state_dict`)."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    sampler: object
+    step: int = 0
+    epoch: int = 0
+
+    def state_dict(self) -> dict:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "sampler": self.sampler.state_dict(),
+            "rng": rng_state(),
+            "step": self.step,
+            "epoch": self.epoch,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(state["rng"])
+        self.step, self.epoch = state["step"], state["epoch"]

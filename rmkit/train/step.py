@@ -1,0 +1,96 @@
+"""One optimizer step over one global batch, split into micro-batches (one function per reward-model type).
+
+The loss of each micro-batch is divided by the *global* batch's valid count, so the accumulated gradient
+is the full-batch gradient whatever the micro-batch size. Counts are tensors: under data parallelism they
+become the all-reduced sums over ranks and nothing else changes. Nothing here synchronizes with the
+device; the returned metrics are device tensors that the caller reads when it logs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from rmkit.data.collate import collate_pairs, collate_regression
+from rmkit.data.tokenize import TokenizedExample, TokenizedPair
+from rmkit.distributed import all_reduce_sum, sync_gradients
+from rmkit.models.setup import autocast
+from rmkit.train.objectives import bradley_terry_loss, regression_loss, valid_label_count
+
+
+def _micro_batches(items: Sequence, micro_size: int, length: Callable) -> list[list]:
+    # Longest first: each micro-batch pads only to its own longest row, and the first one shows the
+    # peak memory at once instead of late in an epoch.
+    ordered = sorted(items, key=length, reverse=True)
+    return [ordered[i : i + micro_size] for i in range(0, len(ordered), micro_size)]
+
+
+def _to(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
+def _masked_out(batch: dict, placeholder: bool) -> dict:
+    # Data parallelism: a rank whose share of a short last global batch is empty still runs one
+    # placeholder row with sample_mask 0, so it joins the gradient all-reduce with zero gradients.
+    if placeholder:
+        batch["sample_mask"] = torch.zeros_like(batch["sample_mask"])
+    return batch
+
+
+def bradley_terry_step(forward: torch.nn.Module, pairs: Sequence, micro_size: int, pad_token_id: int,
+                       precision: str, device: torch.device) -> dict[str, torch.Tensor]:
+    """Forward/backward of a global batch of tokenized pairs; returns `loss` (the global-batch loss),
+    `acc` and `num_pairs` as tensors. Gradients are left in `.grad` for the optimizer step."""
+    # Under data parallelism `pairs` is this rank's share and the counts are the global batch's.
+    global_valid_seqs = all_reduce_sum(torch.tensor(2.0 * len(pairs), device=device))
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device)
+    micros = _micro_batches(pairs, micro_size, lambda p: max(len(p.chosen_ids), len(p.rejected_ids)))
+    micros = micros or [[TokenizedPair([pad_token_id], [pad_token_id])]]
+    for i, micro in enumerate(micros):
+        batch = _to(_masked_out(collate_pairs(micro, pad_token_id), not pairs), device)
+        with sync_gradients(forward, sync=i == len(micros) - 1):  # DDP reduces after the last one
+            with autocast(precision, device):
+                rewards = forward(batch["input_ids"], batch["attention_mask"])  # [2n, 1], interleaved
+            loss, micro_correct = bradley_terry_loss(rewards, batch["margin"], batch["sample_mask"], global_valid_seqs)
+            loss.backward()
+        loss_sum += loss.detach()
+        correct += micro_correct.sum()
+    loss_sum, correct = all_reduce_sum(torch.stack([loss_sum, correct]))  # the whole global batch's, to log
+    return {"loss": loss_sum, "acc": correct / (global_valid_seqs / 2)}
+
+
+def regression_step(forward: torch.nn.Module, examples: Sequence, micro_size: int, pad_token_id: int,
+                    precision: str, device: torch.device) -> dict[str, torch.Tensor]:
+    """Regression counterpart of `bradley_terry_step`: MSE over present labels of the global batch."""
+    labels = torch.tensor([list(e.labels) for e in examples])
+    global_valid_labels = all_reduce_sum(valid_label_count(labels, torch.ones(len(examples))).to(device))
+    loss_sum = torch.zeros((), device=device)
+    micros = _micro_batches(examples, micro_size, lambda e: len(e.input_ids))
+    micros = micros or [[TokenizedExample([pad_token_id], ())]]
+    for i, micro in enumerate(micros):
+        batch = _to(_masked_out(collate_regression(micro, pad_token_id), not examples), device)
+        with sync_gradients(forward, sync=i == len(micros) - 1):
+            with autocast(precision, device):
+                rewards = forward(batch["input_ids"], batch["attention_mask"])  # [b, K]
+            labels = batch["labels"] if examples else torch.full_like(rewards, -100.0)
+            loss, _ = regression_loss(rewards, labels, batch["sample_mask"], global_valid_labels)
+            loss.backward()
+        loss_sum += loss.detach()
+    return {"loss": all_reduce_sum(loss_sum)}
+
+
+STEPS = {"bradley_terry": bradley_terry_step, "regression": regression_step}
+
+
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler,
+                   max_grad_norm: float | None) -> torch.Tensor:
+    """Clip, step, schedule, clear. Returns the pre-clip global gradient norm (a device tensor)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    max_norm = max_grad_norm if max_grad_norm is not None else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm

@@ -1,0 +1,85 @@
+"""Validation: score every chosen and rejected sequence of a set once, then the DESIGN.md metrics."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from rmkit.distributed import all_gather_cat, shard
+from rmkit.metrics import reward_model_metrics
+from rmkit.models import score_sequences
+from rmkit.models.setup import autocast
+
+
+def pair_metrics(chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, float]:
+    """DESIGN.md's reward-model metrics of `[N]` chosen and rejected rewards (`rmkit.metrics`); NaN
+    metrics for an empty set instead of an error, so a tiny validation file cannot stop a run."""
+    if chosen.numel() == 0:
+        return {"loss": math.nan, "acc": math.nan, "rewards_chosen_mean": math.nan,
+                "rewards_rejected_mean": math.nan, "rewards_all_mean": math.nan,
+                "rewards_all_std": math.nan, "num_pairs": 0}
+    return reward_model_metrics(chosen, rejected)
+
+
+def regression_metrics(predictions: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """`loss` (MSE over present labels), `mse_<k>` per attribute, reward mean/std, `num_examples`."""
+    predictions, labels = predictions.double(), labels.double()
+    present = labels != -100.0
+    squared = (predictions - labels).pow(2) * present
+    metrics = {"loss": float(squared.sum() / present.sum().clamp(min=1))}
+    for k in range(labels.shape[1]):
+        metrics[f"mse_{k}"] = float(squared[:, k].sum() / present[:, k].sum().clamp(min=1))
+    metrics["rewards_all_mean"] = float(predictions.mean())
+    metrics["rewards_all_std"] = float(predictions.std()) if predictions.numel() > 1 else 0.0
+    metrics["num_examples"] = int(labels.shape[0])
+    return metrics
+
+
+def score_pairs(model, pairs: Sequence, pad_token_id: int, precision: str,
+                max_batch_tokens: int = 16384) -> tuple[torch.Tensor, torch.Tensor]:
+    """`[N, K]` chosen and rejected rewards of tokenized pairs (`.chosen_ids`, `.rejected_ids`).
+
+    Under data parallelism each rank scores its contiguous share and the rewards are gathered in rank
+    order, so every rank returns all N rows in the original order."""
+    sequences = [ids for p in shard(pairs) for ids in (p.chosen_ids, p.rejected_ids)]  # interleaved
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    with autocast(precision, device):
+        rewards = score_sequences(model, sequences, pad_token_id, max_batch_tokens=max_batch_tokens)
+    model.train(was_training)
+    return all_gather_cat(rewards[0::2]), all_gather_cat(rewards[1::2])
+
+
+def validate(model, val_sets: dict[str, Sequence], pad_token_id: int, precision: str,
+             max_pairs: int | None) -> tuple[dict[str, float], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    """Metrics `validation-<name>/<metric>` over every set (its first `max_pairs` pairs), and the rewards."""
+    metrics, rewards = {}, {}
+    for name, pairs in val_sets.items():
+        pairs = pairs[:max_pairs] if max_pairs is not None else pairs
+        chosen, rejected = score_pairs(model, pairs, pad_token_id, precision)
+        rewards[name] = (chosen[:, 0], rejected[:, 0])
+        for key, value in pair_metrics(chosen[:, 0], rejected[:, 0]).items():
+            metrics[f"validation-{name}/{key}"] = value
+    return metrics, rewards
+
+
+def validate_regression(model, val_sets: dict[str, Sequence], pad_token_id: int, precision: str,
+                        max_examples: int | None) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
+    """Regression counterpart of `validate` (examples with `.input_ids` and `.labels`)."""
+    metrics, rewards = {}, {}
+    device = next(model.parameters()).device
+    for name, examples in val_sets.items():
+        examples = examples[:max_examples] if max_examples is not None else examples
+        model.eval()
+        with autocast(precision, device):
+            predictions = score_sequences(model, [e.input_ids for e in shard(examples)], pad_token_id)
+        model.train()
+        predictions = all_gather_cat(predictions)
+        labels = torch.tensor([list(e.labels) for e in examples], dtype=torch.float64)
+        rewards[name] = predictions
+        for key, value in regression_metrics(predictions, labels).items():
+            metrics[f"validation-{name}/{key}"] = value
+    return metrics, rewards

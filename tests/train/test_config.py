@@ -1,0 +1,90 @@
+"""The typed config: YAML + dotted overrides, errors that name the dotted key, every shipped config loads."""
+
+from pathlib import Path
+
+import pytest
+
+from rmkit.config import Config, config_from_dict, load_config, save_config
+from rmkit.errors import ConfigError
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+
+
+def test_defaults_are_the_embedded_minilm_run():
+    cfg = load_config(None)
+    assert cfg.policy.model_name == "minilm" and cfg.data.train_data_path == "default"
+    assert cfg.policy.reward_model_cfg.reward_model_type == "bradley_terry"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[p.name for p in CONFIGS])
+def test_every_shipped_config_loads(path):
+    assert isinstance(load_config(path), Config)
+
+
+def test_shipped_configs_exist():
+    assert {p.name for p in CONFIGS} >= {"default.yaml", "rm.yaml"}
+
+
+def test_overrides_are_parsed_as_yaml():
+    cfg = load_config(None, ["policy.optimizer.lr=1e-5", "rm.max_num_steps=7", "policy.precision=bfloat16",
+                             "policy.optimizer.betas=[0.8, 0.9]", "data.val_data_paths.hh=/x.jsonl",
+                             "rm.val_batches=null", "policy.lora.target_modules=[q_proj, v_proj]"])
+    assert cfg.policy.optimizer.lr == 1e-5 and isinstance(cfg.policy.optimizer.lr, float)
+    assert cfg.rm.max_num_steps == 7 and cfg.policy.precision == "bfloat16"
+    assert cfg.policy.optimizer.betas == (0.8, 0.9)
+    assert cfg.data.val_data_paths == {"hh": "/x.jsonl"}  # a mapping given replaces the default mapping
+    assert cfg.policy.lora.target_modules == ["q_proj", "v_proj"]
+
+
+@pytest.mark.parametrize("override, key", [
+    ("policy.optimizer.lrr=1", "policy.optimizer.lrr"),
+    ("polcy.model_name=x", "polcy"),
+    ("rm.max_num_epochs=two", "rm.max_num_epochs"),
+    ("rm.val_at_start=1", "rm.val_at_start"),
+    ("policy.precision=float16", "policy.precision"),
+    ("policy.reward_model_cfg.reward_model_type=pairwise", "policy.reward_model_cfg.reward_model_type"),
+    ("policy.optimizer.betas=[0.9]", "policy.optimizer.betas"),
+    ("policy.train_micro_batch_size=3", "policy.train_global_batch_size"),
+    ("policy.optimizer.lr=-1", "policy.optimizer.lr"),
+    ("policy.optimizer=3", "policy.optimizer"),
+    ("rm.max_num_steps=0", "rm.max_num_steps"),
+])
+def test_bad_keys_and_values_name_the_dotted_key(override, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override])
+    assert err.value.key == key
+    assert f"'{key}'" in str(err.value)
+
+
+def test_override_adds_to_a_mapping_from_yaml(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("data:\n  val_data_paths:\n    a: /a.jsonl\n")
+    assert load_config(path, ["data.val_data_paths.b=/b.jsonl"]).data.val_data_paths == {"a": "/a.jsonl", "b": "/b.jsonl"}
+
+
+def test_unknown_key_in_yaml_is_named(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("policy:\n  tokenizer:\n    nam: x\n")
+    with pytest.raises(ConfigError, match="policy.tokenizer.nam"):
+        load_config(path)
+
+
+def test_missing_file_and_bad_yaml_are_user_errors(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "absent.yaml")
+    (tmp_path / "bad.yaml").write_text("rm: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(tmp_path / "bad.yaml")
+
+
+def test_save_then_load_round_trips(tmp_path):
+    cfg = load_config(None, ["policy.optimizer.betas=[0.8, 0.95]", "rm.seed=3"])
+    save_config(cfg, tmp_path / "resolved.yaml")
+    assert load_config(tmp_path / "resolved.yaml") == cfg
+
+
+def test_regression_needs_its_type_for_several_labels():
+    with pytest.raises(ConfigError, match="num_labels"):
+        config_from_dict({"policy": {"reward_model_cfg": {"num_labels": 3}}})
+    cfg = config_from_dict({"policy": {"reward_model_cfg": {"num_labels": 3, "reward_model_type": "regression"}}})
+    assert cfg.policy.reward_model_cfg.num_labels == 3
