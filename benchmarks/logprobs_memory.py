@@ -121,10 +121,13 @@ def markdown_table(results: list[dict]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for naive, chunked in zip(results[0::2], results[1::2]):
+        memory_ratio = (
+            chunked["peak_extra_mib"] / naive["peak_extra_mib"] if naive["peak_extra_mib"] else float("nan")
+        )
         lines.append(
             f"| {naive['vocab']} | {naive['dtype']} {naive['shape']} | {naive['mode']} "
             f"| {naive['peak_extra_mib']:.1f} MiB | {chunked['peak_extra_mib']:.1f} MiB "
-            f"| {chunked['peak_extra_mib'] / naive['peak_extra_mib']:.3f} | {chunked['peak_scratch_mib']:.1f} MiB "
+            f"| {memory_ratio:.3f} | {chunked['peak_scratch_mib']:.1f} MiB "
             f"| {naive['time_s']:.3f} s | {chunked['time_s']:.3f} s | {chunked['time_s'] / naive['time_s']:.2f} |"
         )
     return "\n".join(lines)

@@ -240,7 +240,7 @@ def tokenize_regression(
             out.dropped.append((example.source, f"longer than max_length {max_length} ({len(ids)} tokens)"))
             continue
         if cut and example.response is None:
-            ids = _keep_end(tokenizer, ids, max_length)  # a whole text with no prompt/response split
+            ids = keep_end(tokenizer, ids, max_length)  # a whole text with no prompt/response split
         elif cut:
             (ids,), _ = fit_example(tokenizer, example.prompt, [example.response], max_length, [ids])
         out.truncated += cut
@@ -248,7 +248,7 @@ def tokenize_regression(
     return out
 
 
-def _keep_end(tokenizer, ids: list[int], max_length: int) -> list[int]:
+def keep_end(tokenizer, ids: list[int], max_length: int) -> list[int]:
     """The leading special tokens and the last tokens of `ids`, `max_length` in all."""
     if len(ids) <= max_length:
         return ids

@@ -2,7 +2,7 @@
 
 from rmkit.losses.advantages import grpo_group_advantages
 from rmkit.losses.dpo import DPOLossConfig, DPOLossFn
-from rmkit.losses.logprobs import next_token_logprobs
+from rmkit.losses.logprobs import aligned_logprobs, next_token_logprobs
 from rmkit.losses.masking import masked_mean, valid_counts
 from rmkit.losses.nll import NLLLoss
 from rmkit.losses.packing import SequencePackingLossWrapper
@@ -23,6 +23,7 @@ __all__ = [
     "PreferenceLoss",
     "RegressionLoss",
     "SequencePackingLossWrapper",
+    "aligned_logprobs",
     "grpo_group_advantages",
     "masked_mean",
     "next_token_logprobs",

@@ -79,7 +79,8 @@ def next_token_logprobs(
     Args:
         next_token_logits: `[B, S, V]`, any floating dtype; position t predicts `input_ids[:, t+1]`.
         input_ids: `[B, S]` token ids.
-        chunk_elements: float32 scratch elements per chunk (positions per chunk = this // V).
+        chunk_elements: at most this many float32 scratch elements per chunk (positions per chunk =
+            this // V, at least 1), and at most 1/16 of the logits.
 
     Returns:
         `[B, S-1]` float32 (float64 for float64 logits); entry `[b, t]` is log p(input_ids[b, t+1] | input_ids[b, :t+1]), i.e. it
@@ -97,4 +98,23 @@ def next_token_logprobs(
         )
     if input_ids.shape[1] < 1:
         raise ValueError("input_ids must have at least one position")
-    return _ChunkedNextTokenLogprobs.apply(next_token_logits, input_ids.long(), int(chunk_elements))
+    batch, seq, vocab = next_token_logits.shape
+    # At most 1/16 of the logits per chunk, so the scratch stays a small fraction of small inputs
+    # too (and a call makes at most ~16 chunk iterations more than the absolute cap requires).
+    chunk_elements = min(int(chunk_elements), max(vocab, batch * (seq - 1) * vocab // 16))
+    return _ChunkedNextTokenLogprobs.apply(next_token_logits, input_ids.long(), chunk_elements)
+
+
+def aligned_logprobs(
+    next_token_logits: torch.Tensor,
+    input_ids: torch.Tensor,
+    chunk_elements: int = DEFAULT_CHUNK_ELEMENTS,
+) -> torch.Tensor:
+    """`next_token_logprobs` laid out like `input_ids`: `[B, S]` with 0 at position 0.
+
+    This is the layout of `prev_logprobs`, `generation_logprobs` and `reference_policy_logprobs`
+    in the losses' `data` (entry `[b, t]` = log p(input_ids[b, t] | input_ids[b, :t])), e.g. for
+    reference-policy log-probs computed under `torch.no_grad()`.
+    """
+    logprobs = next_token_logprobs(next_token_logits, input_ids, chunk_elements)
+    return torch.nn.functional.pad(logprobs, (1, 0))

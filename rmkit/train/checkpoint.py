@@ -3,7 +3,9 @@
 Layout of `<checkpoint_dir>/step_<N>/`:
 
     model.safetensors    the model's parameters and buffers (shared tensors stored once)
-    config.json          the backbone's transformers config, when it has one
+    config.json          the transformers config of a plain transformers model (not of a LoRA-wrapped one)
+    tokenizer files      when a tokenizer is given: with config.json, the directory loads with
+                         `from_pretrained` and works with `rmkit eval / score / serve --model step_<N>`
     optimizer.pt         optimizer.state_dict()
     scheduler.pt         scheduler.state_dict()
     trainer_state.pt     step, epoch, sampler state, per-rank RNG states, loop extras
@@ -156,6 +158,7 @@ def save_checkpoint(
     rng_states: list[dict] | None = None,
     config=None,
     metrics: dict | None = None,
+    tokenizer=None,
 ) -> Path:
     """Write `<checkpoint_dir>/step_<step>/` atomically and return its path (call on rank 0 only).
 
@@ -167,6 +170,7 @@ def save_checkpoint(
         rng_states: one `capture_rng_state()` per rank (rank order); None captures this process's.
         config: the resolved run config (dataclass or dict), saved as YAML.
         metrics: the metrics at this step; `keep_top_k` ranks checkpoints by one of them.
+        tokenizer: saved with `save_pretrained` when given.
     """
     parent = Path(checkpoint_dir)
     parent.mkdir(parents=True, exist_ok=True)
@@ -175,6 +179,8 @@ def save_checkpoint(
     tmp = parent / f"{TMP_PREFIX}{step}-{os.getpid()}-{time.monotonic_ns()}"
     tmp.mkdir()
     try:
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
         _write_contents(tmp, step, model, optimizer, scheduler, trainer_state, rng_states, config, metrics)
         _fsync_path(tmp)
         _move_into_place(tmp, final)
@@ -187,9 +193,8 @@ def save_checkpoint(
 def _write_contents(tmp, step, model, optimizer, scheduler, trainer_state, rng_states, config, metrics):
     bare = unwrap_model(model)
     save_model(bare, str(tmp / "model.safetensors"))
-    model_config = getattr(bare, "config", None)
-    if model_config is not None and hasattr(model_config, "to_json_string"):
-        _write_text(tmp / "config.json", model_config.to_json_string())
+    if _is_transformers_model(bare):  # not a peft model: its keys would not load into its base config
+        bare.config.to_json_file(tmp / "config.json")
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     if scheduler is not None:
@@ -202,7 +207,7 @@ def _write_contents(tmp, step, model, optimizer, scheduler, trainer_state, rng_s
         _write_text(tmp / "config.yaml", yaml.safe_dump(config_dict, sort_keys=False))
     _write_text(tmp / "metrics.json", json.dumps(_json_safe(metrics or {}), indent=1, sort_keys=True))
     files = {}
-    for path in sorted(tmp.iterdir()):
+    for path in sorted(p for p in tmp.iterdir() if p.is_file()):
         with open(path, "rb+") as f:
             os.fsync(f.fileno())
         files[path.name] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
@@ -217,6 +222,11 @@ def _write_contents(tmp, step, model, optimizer, scheduler, trainer_state, rng_s
         json.dump(manifest, f, indent=1)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _is_transformers_model(model: torch.nn.Module) -> bool:
+    transformers = sys.modules.get("transformers")  # never imported: cannot be one of its models
+    return transformers is not None and isinstance(model, transformers.PreTrainedModel)
 
 
 def _move_into_place(tmp: Path, final: Path) -> None:

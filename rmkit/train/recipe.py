@@ -27,6 +27,7 @@ from rmkit.train.logging import MetricsLogger, NullLogger, ProgressBar, StepWind
 from rmkit.train.plots import plot_reward_histograms, plot_training_curves
 from rmkit.train.resume import (
     resolve_resume,
+    restore_rng,
     restore_training_state,
     rewind_metrics_log,
     save_training_checkpoint,
@@ -146,8 +147,11 @@ def train(cfg: Config) -> TrainResult:
             print(f"rmkit: step 0: {_summary(val_metrics)}", file=sys.stderr)
 
     # --- the loop
+    if resume_from:
+        restore_rng(saved)  # last thing before the first step: nothing at setup shifts the random streams
     bar = ProgressBar(steps, cfg.logger.progress_bar and dist.is_main(), initial=state.step)
     total, window = StepWindow(), StepWindow()
+    window.__dict__.update(saved.get("log_window", {}))  # a resumed window logs the same means
     while state.step < steps and state.epoch < cfg.rm.max_num_epochs:
         sampler.set_epoch(state.epoch)
         for indices in sampler:
@@ -179,7 +183,8 @@ def train(cfg: Config) -> TrainResult:
                 bar.write(f"rmkit: step {state.step}: {_summary(val_metrics)}")
             ckpt = cfg.checkpointing
             if ckpt.enabled and ckpt.save_period and state.step % ckpt.save_period == 0 and not last:
-                save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics})
+                extra = {"val_metrics": val_metrics, "log_window": dict(vars(window))}
+                save_training_checkpoint(cfg, state, val_metrics, extra, tokenizer)
             if last:
                 break
         state.epoch += 1
@@ -189,7 +194,7 @@ def train(cfg: Config) -> TrainResult:
         if dist.is_main():
             print(f"rmkit: step {state.step}: {_summary(val_metrics)}", file=sys.stderr)
     if cfg.checkpointing.enabled:  # the last step, with the final validation as its metrics
-        save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics})
+        save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics}, tokenizer)
     logger.close()
 
     # --- export and plots (rank 0)

@@ -74,10 +74,10 @@ def _choose(checkpoint_dir: Path, resume: str | None) -> str | None:
 
 
 def restore_training_state(path: Path, state, device: torch.device) -> dict:
-    """Load `path` into `state` (model, optimizer, scheduler, sampler, step, epoch) and this rank's RNG.
+    """Load `path` into `state` (model, optimizer, scheduler, sampler, step, epoch).
 
-    Returns the whole saved trainer state (metrics and extras included). Call it after everything
-    that draws random numbers at setup (model init) and before the first step.
+    Returns the whole saved trainer state (metrics, extras, `rng`); pass it to `restore_rng` just
+    before the first step, after everything at setup that may draw random numbers.
     """
     saved = load_checkpoint(
         path, model=state.model, optimizer=state.optimizer, scheduler=state.scheduler, map_location=device
@@ -87,18 +87,24 @@ def restore_training_state(path: Path, state, device: torch.device) -> dict:
     except ValueError as err:  # the data or the seed changed since the checkpoint
         raise ConfigError("checkpointing.resume", f"cannot continue {path}: {err}") from None
     state.step, state.epoch = saved["step"], saved["epoch"]
-    rngs = saved["rng"]
-    if len(rngs) != dist.world_size():
-        print(
-            f"rmkit: warning: {path} was saved by {len(rngs)} process(es), this run has {dist.world_size()}; "
-            "RNG streams restart from rank 0's (the data order is unaffected)",
-            file=sys.stderr,
-        )
-    restore_rng_state(rngs[dist.rank()] if len(rngs) == dist.world_size() else rngs[0])
     return saved
 
 
-def save_training_checkpoint(cfg, state, metrics: dict, extra: dict | None = None) -> Path | None:
+def restore_rng(saved: dict) -> None:
+    """This rank's RNG states from a loaded trainer state (rank 0's when the number of processes changed)."""
+    rngs = saved["rng"]
+    if len(rngs) != dist.world_size() and dist.is_main():
+        print(
+            f"rmkit: warning: the checkpoint was saved by {len(rngs)} process(es), this run has "
+            f"{dist.world_size()}; random streams continue from rank 0's (the data order is unaffected)",
+            file=sys.stderr,
+        )
+    restore_rng_state(rngs[dist.rank()] if len(rngs) == dist.world_size() else rngs[0])
+
+
+def save_training_checkpoint(
+    cfg, state, metrics: dict, extra: dict | None = None, tokenizer=None
+) -> Path | None:
     """Save `step_<state.step>` (rank 0) with every rank's RNG state, then apply `keep_top_k`.
 
     Args:
@@ -106,11 +112,14 @@ def save_training_checkpoint(cfg, state, metrics: dict, extra: dict | None = Non
         state: the loop's TrainState.
         metrics: the latest metrics (validation included), saved under their checkpoint names.
         extra: more picklable loop state to keep (e.g. the last validation metrics).
+        tokenizer: saved alongside, so the step directory works as a model directory.
     """
     rng_states = dist.all_gather_object(capture_rng_state())  # a collective: every rank calls it
     path = None
     if dist.is_main():
         ckpt = cfg.checkpointing
+        named = checkpoint_metrics(metrics)
+        _check_metric_name(ckpt.metric_name, named)
         trainer_state = {"epoch": state.epoch, "sampler": state.sampler.state_dict(), **(extra or {})}
         path = save_checkpoint(
             ckpt.checkpoint_dir,
@@ -121,11 +130,28 @@ def save_training_checkpoint(cfg, state, metrics: dict, extra: dict | None = Non
             trainer_state=trainer_state,
             rng_states=rng_states,
             config=cfg,
-            metrics=checkpoint_metrics(metrics),
+            metrics=named,
+            tokenizer=tokenizer,
         )
         prune_checkpoints(ckpt.checkpoint_dir, ckpt.keep_top_k, ckpt.metric_name, ckpt.higher_is_better)
     dist.barrier()
     return path
+
+
+_warned_metric_names: set[str] = set()
+
+
+def _check_metric_name(metric_name: str | None, named: dict) -> None:
+    # A misspelt metric name would silently turn top-k into "most recent k": say so, once per run.
+    if not metric_name or not named or metric_name in named or metric_name in _warned_metric_names:
+        return
+    _warned_metric_names.add(metric_name)
+    known = ", ".join(sorted(k for k in named if k.startswith("val:"))) or "none"
+    print(
+        f"rmkit: warning: checkpointing.metric_name '{metric_name}' is not among the validation metrics "
+        f"({known}); checkpoints without it rank last, so keep_top_k keeps the most recent ones",
+        file=sys.stderr,
+    )
 
 
 def rewind_metrics_log(path: Path, step: int, revalidates: bool = False) -> list[dict]:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from rmkit.losses import next_token_logprobs
+from rmkit.losses import aligned_logprobs, next_token_logprobs
 
 
 def _naive(logits, input_ids):
@@ -55,3 +55,12 @@ def test_shape_errors_are_clear():
         next_token_logprobs(torch.randn(2, 5, 3), torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match=r"\[B, S, V\]"):
         next_token_logprobs(torch.randn(5, 3), torch.zeros(5, dtype=torch.long))
+
+
+def test_aligned_logprobs_match_the_data_layout():
+    # [B, S] with 0 at position 0 and log p(input_ids[:, t]) at t: what prev_logprobs etc. hold.
+    logits = torch.randn(2, 5, 7, dtype=torch.float64)
+    ids = torch.randint(0, 7, (2, 5))
+    got = aligned_logprobs(logits, ids)
+    assert got.shape == (2, 5) and torch.all(got[:, 0] == 0)
+    torch.testing.assert_close(got[:, 1:], _naive(logits, ids), rtol=0, atol=1e-12)

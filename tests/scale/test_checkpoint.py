@@ -81,11 +81,33 @@ def test_round_trip_then_training_continues_bitwise(tmp_path):
     assert yaml.safe_load((path / "config.yaml").read_text()) == {"rm": {"seed": 3}, "betas": [0.9, 0.99]}
 
 
-def test_step_directory_loads_with_plain_transformers(tmp_path):
-    model = tiny_model()
+def test_step_directory_is_a_model_directory(tmp_path):
+    from rmkit.models import load_reward_model
+    from tests.scale.tiny import make_tiny_decoder
+
+    source = make_tiny_decoder(tmp_path / "source")
+    model, tokenizer = load_reward_model(source)
+    path = ckpt.save_checkpoint(tmp_path / "ckpt", 1, model=model, tokenizer=tokenizer)
+    assert (
+        ckpt.verify_checkpoint(path) is None
+        and "tokenizer.json" in json.loads((path / "manifest.json").read_text())["files"]
+    )
+    assert_same_weights(model, AutoModelForSequenceClassification.from_pretrained(path))
+    reloaded, reloaded_tokenizer = load_reward_model(path)  # what rmkit eval / score / serve do
+    assert_same_weights(model, reloaded)
+    assert reloaded_tokenizer("tell me about maps").input_ids == tokenizer("tell me about maps").input_ids
+
+
+def test_lora_model_round_trip_without_config_json(tmp_path):
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(tiny_model(), peft.LoraConfig(r=2, target_modules=["q_proj"]))
     path = ckpt.save_checkpoint(tmp_path, 1, model=model)
-    loaded = AutoModelForSequenceClassification.from_pretrained(path)
-    assert_same_weights(model, loaded)
+    assert not (
+        path / "config.json"
+    ).exists()  # base-model config + adapter keys would mislead from_pretrained
+    other = peft.get_peft_model(tiny_model(seed=1), peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    ckpt.load_checkpoint(path, model=other)
+    assert_same_weights(model, other)
 
 
 def test_rng_state_round_trip():

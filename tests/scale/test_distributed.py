@@ -2,23 +2,15 @@
 
 import json
 import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from rmkit import distributed as dist
+from tests.scale.launch import torchrun
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_single_process_is_rank_zero_of_one(monkeypatch):
@@ -53,14 +45,8 @@ def test_shard_covers_every_item_once(n, world):
 
 
 def test_two_gloo_processes(tmp_path):
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-        "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
-        str(Path(__file__).with_name("_dist_worker.py")), str(tmp_path),
-    ]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    torchrun([str(Path(__file__).with_name("_dist_worker.py")), str(tmp_path)], env, timeout=120)
     results = [json.loads((tmp_path / f"rank_{r}.json").read_text()) for r in range(2)]
     for r, res in enumerate(results):
         assert (res["rank"], res["world"], res["info_rank"], res["is_main"]) == (r, 2, r, r == 0)

@@ -88,9 +88,20 @@ def test_save_prune_and_resume_exactly(tmp_path):
 
     fresh = make_state(seed=1)
     saved = resume.restore_training_state(path, fresh, torch.device("cpu"))
+    resume.restore_rng(saved)
     assert (fresh.step, fresh.epoch, fresh.sampler.position, saved["note"]) == (4, 0, 4, "x")
     got = [step(fresh) or fresh.model.weight.clone() for _ in range(2)]
     assert all(torch.equal(a, b) for a, b in zip(expected, got))  # RNG, optimizer, scheduler all restored
+
+
+def test_unknown_metric_name_warns_once(tmp_path, capsys):
+    cfg = Cfg(Checkpointing(str(tmp_path), metric_name="val:validation-typo_loss"))
+    state = make_state()
+    for _ in range(2):
+        step(state)
+        resume.save_training_checkpoint(cfg, state, {"validation-default/loss": 0.5})
+    err = capsys.readouterr().err
+    assert err.count("'val:validation-typo_loss' is not among") == 1 and "val:validation-default_loss" in err
 
 
 def test_resolve_resume_choices(tmp_path, capsys):
@@ -123,3 +134,28 @@ def test_rewind_metrics_log(tmp_path):
     assert resume.rewind_metrics_log(tmp_path / "absent.jsonl", 2) == []
     resume.rewind_metrics_log(log, 2, revalidates=True)  # the validation record at step 2 goes too
     assert [json.loads(line) for line in log.read_text().splitlines()] == records[:2]
+
+
+def test_restore_rng_from_a_different_number_of_processes(capsys):
+    from rmkit.train.checkpoint import capture_rng_state
+
+    torch.manual_seed(1)
+    rank0 = capture_rng_state()
+    expected = torch.rand(2)
+    torch.manual_seed(2)
+    resume.restore_rng({"rng": [rank0, capture_rng_state()]})  # saved by 2 processes, resumed by 1
+    assert torch.equal(torch.rand(2), expected)
+    assert "saved by 2 process(es), this run has 1" in capsys.readouterr().err
+
+
+def test_resume_with_changed_data_is_a_config_error(tmp_path):
+    from rmkit.data.sampler import LengthGroupedBatchSampler
+
+    cfg = Cfg(Checkpointing(str(tmp_path)))
+    state = make_state()
+    state.sampler = LengthGroupedBatchSampler([3] * 10, batch_size=2, seed=1)
+    resume.save_training_checkpoint(cfg, state, {})
+    fresh = make_state()
+    fresh.sampler = LengthGroupedBatchSampler([3] * 12, batch_size=2, seed=1)  # two more records
+    with pytest.raises(ConfigError, match="checkpointing.resume.*records"):
+        resume.restore_training_state(tmp_path / "step_0", fresh, torch.device("cpu"))

@@ -39,7 +39,7 @@ def write_config(path: Path, assets, out: Path, **checkpointing) -> Path:
     model, train, val = assets
     config = {
         "rm": {"max_num_epochs": 4, "max_num_steps": STEPS, "val_period": VAL_PERIOD, "val_at_start": False,
-               "seed": 5, "log_period": 1},
+               "seed": 5, "log_period": 3},  # 3: logged windows straddle checkpoints
         "policy": {"model_name": str(model), "train_global_batch_size": 8, "train_micro_batch_size": 4,
                    "max_total_sequence_length": 32, "precision": "float32", "num_threads": 1,
                    "optimizer": {"lr": 3e-3}, "scheduler": {"name": "cosine", "warmup_steps": 3}},

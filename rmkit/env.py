@@ -1,0 +1,113 @@
+"""`RewardModelEnvironment`: a reward model as an RL environment, with NeMo RL's environment contract.
+
+    env = RewardModelEnvironment({"model_name": "runs/rm/export"})              # in-process engine
+    env = RewardModelEnvironment({"url": "http://127.0.0.1:8000", "api_key": k}) # a running rmkit serve
+    out = env.step(message_logs, env_infos)   # out.rewards: float32 [B], one per conversation
+    batch, metrics = env.global_post_process_and_metrics({"rewards": out.rewards})
+
+Both backends tokenize the conversations with the reward model's chat template and read the reward the
+same way, so they return the same rewards (a test checks it). Unlike NeMo RL this is a plain object, not
+a Ray actor; wrap it in `ray.remote` if your trainer needs one.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from rmkit.errors import ConfigError
+
+# NeMo RL config keys accepted for compatibility and ignored here (resources are the trainer's business).
+IGNORED_KEYS = {"enabled", "tokenizer", "resources", "reward_model_cfg", "dtensor_cfg", "precision"}
+ENGINE_KEYS = {"device", "dtype", "max_batch_tokens", "max_batch_size", "max_length", "overlong",
+               "normalize", "attribute_weights"}
+CLIENT_KEYS = {"api_key", "timeout", "max_retries", "batch_size", "concurrency"}
+PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class EnvironmentReturn(NamedTuple):
+    """What `step` returns (NeMo RL's field names and order)."""
+
+    observations: list[dict[str, str]]
+    metadata: list[Any]
+    next_stop_strings: list[list[str] | None]
+    rewards: torch.Tensor  # [B] float32
+    terminateds: torch.Tensor  # [B] bool, always True: one scoring turn ends the episode
+    answers: list[str | None] | None
+
+
+class RewardModelEnvironment:
+    """Scores each finished conversation of a batch with a reward model.
+
+    Config keys: exactly one of `model_name` (a model directory, scored in process) or `url` (a
+    running `rmkit serve`); for the engine `device`, `dtype` (or NeMo's `precision`), `max_batch_tokens`,
+    `max_batch_size`, `max_length`, `overlong`, `normalize`, `attribute_weights`; for the client
+    `api_key`, `timeout`, `max_retries`, `batch_size`, `concurrency`. NeMo RL's `enabled`, `tokenizer`,
+    `resources`, `reward_model_cfg` are accepted and ignored; any other key is a ConfigError.
+    """
+
+    def __init__(self, config: dict[str, Any]):
+        unknown = set(config) - IGNORED_KEYS - ENGINE_KEYS - CLIENT_KEYS - {"model_name", "url"}
+        if unknown:
+            raise ConfigError(f"env.{sorted(unknown)[0]}", "unknown key for RewardModelEnvironment")
+        if ("model_name" in config) == ("url" in config):
+            raise ConfigError("env.model_name", "set exactly one of 'model_name' (in process) or 'url' (server)")
+        self.config = dict(config)
+        self.engine, self.client = None, None
+        if "url" in config:
+            from rmkit.serve.client import RewardClient
+
+            self.client = RewardClient(config["url"], **{k: config[k] for k in CLIENT_KEYS if k in config})
+        else:
+            from rmkit.serve.engine import ScoringEngine
+
+            kwargs = {k: config[k] for k in ENGINE_KEYS if k in config}
+            dtype = kwargs.pop("dtype", config.get("precision", "float32"))
+            if dtype not in PRECISIONS:
+                raise ConfigError("env.dtype", f"must be one of {sorted(PRECISIONS)}, got {dtype!r}")
+            self.engine = ScoringEngine(config["model_name"], dtype=PRECISIONS[dtype], **kwargs)
+            if self.engine.scalar_rewards(torch.zeros(1, self.engine.num_labels)) is None:
+                raise ConfigError("env.attribute_weights", "a regression model needs weights for one reward")
+
+    def score(self, conversations: list[list[dict[str, str]]]) -> torch.Tensor:
+        """Rewards `[B]` float32 for B conversations of `{"role", "content"}` messages."""
+        if self.client is not None:
+            return torch.tensor(self.client.score_conversations(conversations, scalar=True), dtype=torch.float32)
+        raw = self.engine.score_conversations(conversations)
+        return self.engine.scalar_rewards(raw).float()
+
+    def step(self, message_logs: list[list[dict]], env_infos: list[dict | None]) -> EnvironmentReturn:
+        """Score B finished conversations. `message_logs[b]` is a list of messages (extra keys such as
+        NeMo RL's `token_ids` are ignored); `env_infos[b]` is passed through as metadata."""
+        conversations = [[{"role": m["role"], "content": m["content"]} for m in log] for log in message_logs]
+        rewards = self.score(conversations)
+        observations = [{"role": "environment", "content": f"Environment: reward {r:.6g}"} for r in rewards.tolist()]
+        return EnvironmentReturn(
+            observations=observations,
+            metadata=list(env_infos) if env_infos is not None else [None] * len(rewards),
+            next_stop_strings=[None] * len(rewards),
+            rewards=rewards,
+            terminateds=torch.ones(len(rewards), dtype=torch.bool),
+            answers=None,
+        )
+
+    def global_post_process_and_metrics(self, batch: dict) -> tuple[dict, dict[str, float]]:
+        """`batch` unchanged and `reward_model_env/{num_samples, mean_reward, std_reward (unbiased),
+        min_reward, max_reward}` over `batch["rewards"]` `[B]`."""
+        rewards = torch.as_tensor(batch["rewards"], dtype=torch.float32).flatten()
+        n = rewards.numel()
+        metrics = {
+            "reward_model_env/num_samples": float(n),
+            "reward_model_env/mean_reward": rewards.mean().item() if n else 0.0,
+            "reward_model_env/std_reward": rewards.std().item() if n > 1 else 0.0,
+            "reward_model_env/min_reward": rewards.min().item() if n else 0.0,
+            "reward_model_env/max_reward": rewards.max().item() if n else 0.0,
+        }
+        return batch, metrics
+
+    def shutdown(self) -> None:
+        if self.client is not None:
+            self.client.close()
+        if self.engine is not None:
+            self.engine.close()

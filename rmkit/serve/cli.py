@@ -1,0 +1,97 @@
+"""`rmkit serve --model DIR`: score a reward model over HTTP for RL trainers (see `rmkit.serve.server`)."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import logging
+import signal
+import sys
+from pathlib import Path
+
+import torch
+
+from rmkit.errors import ConfigError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="rmkit serve", description=__doc__)
+    p.add_argument("--model", required=True, help="reward-model directory (rmkit export or HF classifier)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on scoring routes")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    p.add_argument("--dtype", choices=DTYPES, default="float32")
+    p.add_argument("--max-batch-tokens", type=int, default=16384, help="padded tokens per forward pass")
+    p.add_argument("--max-batch-size", type=int, default=256, help="rows per forward pass")
+    p.add_argument("--batch-window-ms", type=float, default=5.0,
+                   help="how long a request waits for others to share its batch")
+    p.add_argument("--max-length", type=int, default=None, help="longest input in tokens (default: model's)")
+    p.add_argument("--overlong", choices=("truncate", "refuse"), default="truncate",
+                   help="inputs over --max-length: keep the first tokens, or answer 400")
+    p.add_argument("--max-inputs", type=int, default=1024, help="inputs per request (413 over it)")
+    p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024, help="request size (413 over it)")
+    p.add_argument("--normalize", action="store_true",
+                   help="serve (reward - mean) / std with the model's reward_stats.json")
+    p.add_argument("--attribute-weights", default=None,
+                   help="comma-separated weights turning a K-attribute regression model into one reward")
+    p.add_argument("--log-level", default="info", choices=("debug", "info", "warning", "error"))
+    return p
+
+
+def parse_weights(text: str | None) -> list[float] | None:
+    if text is None:
+        return None
+    try:
+        return [float(w) for w in text.split(",")]
+    except ValueError as err:
+        raise ConfigError("attribute-weights", f"must be comma-separated numbers, got {text!r}") from err
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    for key in ("max_inputs", "max_body_bytes", "max_length"):
+        value = getattr(args, key)
+        if value is not None and value < 1:
+            raise ConfigError(key.replace("_", "-"), f"must be >= 1, got {value}")
+    import uvicorn  # the serve extra; imported here so `rmkit --help` does not need it
+
+    from rmkit.serve.server import create_app
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if not Path(args.model).is_dir():
+        raise ConfigError("model", f"{args.model} is not a model directory")
+    try:
+        engine = _load_engine(args)
+    except (OSError, ValueError) as err:  # no config, no weights, an unknown architecture
+        raise ConfigError("model", f"cannot load {args.model} as a reward model: {err}") from err
+    if not _is_loopback(args.host):
+        print(f"rmkit serve: listening on {args.host}, reachable from other machines"
+              + ("" if args.api_key else " WITHOUT an API key"), file=sys.stderr)
+    app = create_app(engine, api_key=args.api_key, max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes)
+    # uvicorn handles SIGTERM: it stops accepting, finishes in-flight requests, shuts the app down, then
+    # re-raises the signal with the handler it found. A no-op handler here makes that a clean exit 0.
+    signal.signal(signal.SIGTERM, lambda signum, frame: None)
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=30)
+    return 0
+
+
+def _load_engine(args):
+    from rmkit.serve.engine import ScoringEngine
+
+    return ScoringEngine(
+        args.model, device=args.device, dtype=DTYPES[args.dtype], max_batch_tokens=args.max_batch_tokens,
+        max_batch_size=args.max_batch_size, batch_window_ms=args.batch_window_ms, max_length=args.max_length,
+        overlong=args.overlong, normalize=args.normalize, attribute_weights=parse_weights(args.attribute_weights),
+    )
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False

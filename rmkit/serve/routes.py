@@ -1,0 +1,128 @@
+"""Request parsing and response shapes of the scoring routes (`rmkit.serve.server` wires them up).
+
+Each route takes the engine, the decoded JSON object and the per-request input limit, and raises
+`HTTPError` (status, message) or the engine's `InputError` (400) on a bad request.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import torch
+
+from rmkit.serve.engine import ScoringEngine
+
+
+class HTTPError(Exception):
+    """A request answered with `status` and a JSON error carrying `message`."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def string_list(value, field: str, max_inputs: int) -> list[str]:
+    """A string or a list of strings as a non-empty list, else 422/400/413 naming `field`."""
+    items = [value] if isinstance(value, str) else value
+    if not isinstance(items, list) or not all(isinstance(v, str) for v in items):
+        raise HTTPError(422, f"'{field}' must be a string or a list of strings")
+    check_count(items, field, max_inputs)
+    return items
+
+
+def check_count(items: list, field: str, max_inputs: int) -> None:
+    if not items:
+        raise HTTPError(400, f"'{field}' is empty: nothing to score")
+    if len(items) > max_inputs:
+        raise HTTPError(413, f"'{field}' has {len(items)} inputs, over the limit of {max_inputs} per request")
+
+
+def activation(logits: torch.Tensor) -> torch.Tensor:
+    """vLLM and TEI's default: sigmoid for a single label, softmax over several. `[N, K] -> [N, K]`."""
+    return torch.sigmoid(logits) if logits.shape[1] == 1 else torch.softmax(logits, dim=1)
+
+
+async def score_route(engine: ScoringEngine, payload: dict, max_inputs: int) -> dict:
+    """`POST /v1/score`: rmkit's own route."""
+    if ("texts" in payload) == ("conversations" in payload):
+        raise HTTPError(400, "send exactly one of 'texts' (list of strings) or 'conversations'")
+    if "texts" in payload:
+        texts = payload["texts"]
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise HTTPError(422, "'texts' must be a list of strings")
+        check_count(texts, "texts", max_inputs)
+        ids, truncated = engine.encode_texts(texts)
+    else:
+        conversations = payload["conversations"]
+        if not isinstance(conversations, list):
+            raise HTTPError(422, "'conversations' must be a list of message lists")
+        check_count(conversations, "conversations", max_inputs)
+        ids, truncated = engine.encode_conversations(conversations)
+    raw = await engine.score_ids_async(ids)
+    scalar = engine.scalar_rewards(raw)
+    body = {"model": engine.model_name, "usage": {"tokens": sum(map(len, ids)), "truncated": truncated}}
+    if engine.num_labels == 1:
+        body["rewards"] = scalar.tolist()
+    else:
+        body["rewards"] = raw.tolist()
+        if scalar is not None:
+            body["scores"] = scalar.tolist()
+    return body
+
+async def classify_route(engine: ScoringEngine, payload: dict, max_inputs: int) -> dict:
+    """`POST /classify`: vLLM's classify API (one conversation under `messages`)."""
+    if "messages" in payload:
+        ids, _ = engine.encode_conversations([payload["messages"]])
+    elif "input" in payload:
+        ids, _ = engine.encode_texts(string_list(payload["input"], "input", max_inputs))
+    else:
+        raise HTTPError(400, "send 'input' (a string or list of strings) or 'messages'")
+    use_activation = payload.get("use_activation", payload.get("activation", True))
+    if not isinstance(use_activation, bool) and use_activation is not None:
+        raise HTTPError(422, "'use_activation' must be a boolean")
+    logits = await engine.score_ids_async(ids)
+    probs = activation(logits) if use_activation is not False else logits
+    tokens = sum(map(len, ids))
+    data = [{"index": i, "label": engine.labels[int(row.argmax())], "probs": row.tolist(),
+             "num_classes": engine.num_labels} for i, row in enumerate(probs)]
+    return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+            "model": engine.model_name, "data": data,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                      "prompt_tokens_details": None}}
+
+async def predict_route(engine: ScoringEngine, payload: dict, max_inputs: int) -> list:
+    """`POST /predict`: text-embeddings-inference's route for sequence classifiers."""
+    if "inputs" not in payload:
+        raise HTTPError(400, "send 'inputs': a string, a [text, text] pair, or a list of them")
+    single, texts = predict_inputs(payload["inputs"], max_inputs)
+    raw_scores = payload.get("raw_scores", False)
+    if not isinstance(raw_scores, bool):
+        raise HTTPError(422, "'raw_scores' must be a boolean")
+    ids, _ = engine.encode_texts(texts)
+    logits = await engine.score_ids_async(ids)
+    scores = logits if raw_scores else activation(logits)
+    predictions = [sorted(({"score": s, "label": engine.labels[k]} for k, s in enumerate(row.tolist())),
+                          key=lambda p: -p["score"]) for row in scores]
+    return predictions[0] if single else predictions
+
+
+def predict_inputs(inputs, max_inputs: int) -> tuple[bool, list[str]]:
+    """TEI's `inputs` as (is_single, texts). As in TEI, a top-level list of exactly two strings is ONE
+    (text, text_pair) input; a pair is scored as the concatenation `text + text_pair` (rmkit's
+    prompt + response)."""
+
+    def one(item) -> str:
+        if isinstance(item, str):
+            return item
+        if isinstance(item, list) and len(item) == 2 and all(isinstance(s, str) for s in item):
+            return item[0] + item[1]
+        raise HTTPError(422, "each of 'inputs' must be a string or a [text, text_pair] list of two strings")
+
+    if isinstance(inputs, str) or (isinstance(inputs, list) and len(inputs) == 2
+                                   and all(isinstance(s, str) for s in inputs)):
+        return True, [one(inputs)]
+    if not isinstance(inputs, list):
+        raise HTTPError(422, "'inputs' must be a string, a [text, text_pair] pair, or a list of them")
+    check_count(inputs, "inputs", max_inputs)
+    return False, [one(item) for item in inputs]

@@ -1,0 +1,131 @@
+"""The HTTP app of `rmkit serve`: rmkit's own route plus vLLM- and TEI-compatible ones.
+
+    POST /v1/score   {"texts": [str]} | {"conversations": [[{"role", "content"}]]}
+                     -> {"rewards", "model", "usage": {"tokens", "truncated"}} (+ "scores" for K > 1 with
+                     attribute weights)
+    POST /classify   vLLM classify API: {"model", "input": str | [str]} | {"messages": [...]},
+                     "use_activation" (default true: sigmoid for one label, softmax over several)
+    POST /predict    text-embeddings-inference: {"inputs": str | [str] | [str, str] | [[str, str]],
+                     "raw_scores"} -> [{"score", "label"}] per input (a list of lists for a batch)
+    GET  /health, GET /metrics (Prometheus text)
+
+Bodies are read here and checked in `rmkit.serve.routes`, not by pydantic, so every bad request gets one JSON error in the
+OpenAI/vLLM shape `{"object": "error", "message", "type", "code"}` that names the problem.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+from functools import partial
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from rmkit.serve.engine import InputError, ScoringEngine
+from rmkit.serve.metrics import ServerMetrics
+from rmkit.serve.routes import HTTPError, classify_route, predict_route, score_route
+
+log = logging.getLogger("rmkit.serve")
+ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 413: "PayloadTooLargeError",
+               422: "UnprocessableEntityError", 500: "InternalServerError"}
+
+
+def error_response(status: int, message: str) -> JSONResponse:
+    body = {"object": "error", "message": message, "type": ERROR_TYPES.get(status, "Error"), "code": status}
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+async def read_json(request: Request, max_body_bytes: int) -> dict:
+    """The body as a JSON object; 413 past `max_body_bytes` (read no further), 400 malformed, 422 not an
+    object."""
+    declared = request.headers.get("content-length")
+    if declared and declared.isdigit() and int(declared) > max_body_bytes:
+        raise HTTPError(413, f"request body of {declared} bytes is over the limit of {max_body_bytes}")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_body_bytes:
+            raise HTTPError(413, f"request body is over the limit of {max_body_bytes} bytes")
+    try:
+        payload = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise HTTPError(400, f"malformed JSON body: {err}") from err
+    if not isinstance(payload, dict):
+        raise HTTPError(422, "the JSON body must be an object")
+    return payload
+
+
+def create_app(
+    engine: ScoringEngine,
+    api_key: str | None = None,
+    max_inputs: int = 1024,
+    max_body_bytes: int = 16 * 1024 * 1024,
+) -> FastAPI:
+    """The FastAPI app serving `engine`; every scoring route requires `Bearer api_key` when one is set."""
+    metrics = ServerMetrics(queue_depth=lambda: engine.queue_depth)
+    engine.on_batch = metrics.observe_batch
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        yield
+        engine.close()  # uvicorn has finished the in-flight requests by now
+
+    app = FastAPI(title="rmkit reward model server", lifespan=lifespan)
+    app.state.engine, app.state.metrics = engine, metrics
+
+    def authorize(request: Request) -> None:
+        if api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
+            raise HTTPError(401, "missing or wrong API key: send 'Authorization: Bearer <key>'")
+
+    async def handle(request: Request, route: str, work: Callable[[dict], Awaitable[object]]):
+        start, status = time.perf_counter(), 200
+        metrics.in_flight += 1
+        try:
+            authorize(request)
+            response = JSONResponse(await work(await read_json(request, max_body_bytes)))
+        except HTTPError as err:
+            status, response = err.status, error_response(err.status, err.message)
+        except InputError as err:
+            status, response = 400, error_response(400, str(err))
+        except Exception as err:  # the server keeps serving; the caller learns what failed
+            log.exception("internal error on %s", route)
+            status, response = 500, error_response(500, f"internal error: {type(err).__name__}: {err}")
+        finally:
+            metrics.in_flight -= 1
+        metrics.observe_request(route, status, time.perf_counter() - start)
+        return response
+
+    routes = {"/v1/score": score_route, "/classify": classify_route, "/v1/classify": classify_route,
+              "/predict": predict_route}
+    for path, route in routes.items():
+        app.add_api_route(path, _bind(handle, path, partial(route, engine, max_inputs=max_inputs)), methods=["POST"])
+
+    @app.get("/health")
+    async def health() -> dict:
+        return {"status": "ok", "model": engine.model_name, "num_labels": engine.num_labels,
+                "max_length": engine.max_length}
+
+    @app.get("/metrics")
+    async def metrics_route() -> PlainTextResponse:
+        return PlainTextResponse(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return app
+
+
+def _bind(handle, path: str, work):
+    async def endpoint(request: Request):
+        return await handle(request, path, work)
+
+    endpoint.__name__ = "route_" + path.strip("/").replace("/", "_")
+    return endpoint
+
+
