@@ -231,7 +231,7 @@ def rmkit_config(spec: dict) -> dict:
             "num_threads": spec["threads"],
         },
         "data": {"train_data_path": spec["train_jsonl"], "val_data_paths": {}},
-        "checkpointing": {"checkpoint_dir": spec["out_dir"]},
+        "checkpointing": {"enabled": False, "checkpoint_dir": spec["out_dir"]},  # TRL saves none either
         "logger": {"tensorboard": False, "plots": False, "progress_bar": False},
     }
 
