@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from rmkit.data.tokenize import keep_end, encode_examples, fit_example
+from rmkit.data.tokenize import encode_examples, fit_example, keep_end
 from rmkit.errors import ConfigError
 from rmkit.models import load_reward_model, score_sequences
 

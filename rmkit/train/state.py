@@ -1,7 +1,6 @@
-"""The loop's complete state in one place, and the pieces it is built from (optimizer, schedule, RNG).
+"""The loop's state in one place, and the pieces it is built from (threads, seeds, optimizer, schedule).
 
-`TrainState.state_dict()` holds everything a checkpoint needs to continue a run exactly: model and
-optimizer tensors, the scheduler, the batch sampler's position, every RNG, the step and the epoch.
+`rmkit.train.checkpoint` saves and restores a `TrainState` (with every rank's RNG) exactly.
 """
 
 from __future__ import annotations
@@ -29,22 +28,6 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
-
-
-def rng_state() -> dict:
-    """Python, numpy, torch CPU and (when present) CUDA generator states."""
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:
@@ -78,7 +61,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: SchedulerConfig, tota
 
 @dataclass
 class TrainState:
-    """Model, optimizer, scheduler, sampler, step and epoch of a run (plus RNG in `state_dict`)."""
+    """Model, optimizer, scheduler, sampler, step and epoch of a run."""
 
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
@@ -86,22 +69,3 @@ class TrainState:
     sampler: object
     step: int = 0
     epoch: int = 0
-
-    def state_dict(self) -> dict:
-        return {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.scheduler.state_dict(),
-            "sampler": self.sampler.state_dict(),
-            "rng": rng_state(),
-            "step": self.step,
-            "epoch": self.epoch,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.sampler.load_state_dict(state["sampler"])
-        set_rng_state(state["rng"])
-        self.step, self.epoch = state["step"], state["epoch"]
