@@ -146,8 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     seconds, rewards = timed(lambda: rmkit_scores(model, tokenizer, records, args.max_length), args.repeats)
     results["rmkit"] = {"seconds": seconds, "pairs_per_s": len(records) / seconds}
-    # The pipeline truncates on the right, rmkit as its data contract says: compare where neither truncates.
+    # The pipeline truncates on the right; rmkit cuts a pair's shared prompt when either side is too long.
+    # Compare where neither truncates: pairs whose two texts both fit.
     fits = torch.tensor([len(ids) <= args.max_length for ids in tokenizer(texts).input_ids])
+    fits = (fits[0::2] & fits[1::2]).repeat_interleave(2)
     max_diff = 0.0
     for batch_size in args.batch_sizes:
         seconds, scores = timed(
