@@ -20,22 +20,25 @@ from rmkit.train.validate import pair_metrics, score_pairs
 DEFAULT_MAX_LENGTH = 2048
 
 
-def default_max_length(model_dir: str) -> int:
-    """The training run's `policy.max_total_sequence_length` when the directory records it, else 2048."""
+def default_max_length(model_dir: str, model) -> int:
+    """The training run's `policy.max_total_sequence_length` when the directory records it, else 2048,
+    never more than the model's position limit (`max_position_embeddings`, 512 for BERT)."""
+    length = DEFAULT_MAX_LENGTH
     config = Path(model_dir) / "rmkit_config.yaml"
     if config.is_file():
         values = yaml.safe_load(config.read_text(encoding="utf-8")) or {}
-        length = values.get("policy", {}).get("max_total_sequence_length")
-        if isinstance(length, int):
-            return length
-    return DEFAULT_MAX_LENGTH
+        recorded = values.get("policy", {}).get("max_total_sequence_length")
+        if isinstance(recorded, int):
+            length = recorded
+    limit = getattr(model.config, "max_position_embeddings", None)
+    return min(length, limit) if isinstance(limit, int) else length
 
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """Options shared by `eval` and `score`."""
     parser.add_argument("--model", required=True, help="reward model directory (rmkit export or any HF classifier)")
     parser.add_argument("--max-length", type=int, default=None,
-                        help="tokens per sequence (default: the training run's, else 2048); longer ones keep their end")
+                        help="tokens per sequence (default: the training run's, else 2048, capped at the model's position limit); longer ones keep their end")
     parser.add_argument("--precision", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per forward pass")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -50,7 +53,7 @@ def load_for_inference(args: argparse.Namespace):
     model, tokenizer = load_reward_model(args.model)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device).eval()
-    return model, tokenizer, args.max_length or default_max_length(args.model)
+    return model, tokenizer, args.max_length or default_max_length(args.model, model)
 
 
 def build_parser() -> argparse.ArgumentParser:
