@@ -2,7 +2,8 @@
 
 Naive: `torch.log_softmax(logits.float(), -1)[:, :-1].gather(-1, ids[:, 1:, None])`.
 Chunked: `rmkit.losses.next_token_logprobs` (fused float32 log-softmax per chunk; the backward
-recomputes the softmax per chunk).
+recomputes the softmax per chunk). In-place: the same with `inplace_backward=True` (the backward
+writes the gradient into the logits' storage).
 
 Each (variant, vocab, dtype) runs in a fresh subprocess, forward then forward+backward: it builds the
 logits, resets the kernel's peak-RSS counter (`/proc/self/clear_refs`), runs the variant once and
@@ -28,6 +29,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "benchmarks" / "results" / "logprobs_memory.json"
 MODES = ("fwd", "fwd+bwd")
+VARIANTS = ("naive", "chunked", "inplace")
 # A fixed mmap threshold makes glibc return every freed buffer over 128 KiB to the kernel, so RSS
 # before a measurement does not include scratch that an earlier one freed (and VmHWM sees it all).
 CHILD_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "PYTHONPATH": str(REPO)}
@@ -61,7 +63,11 @@ def _child_mode(
     def naive():
         return torch.log_softmax(logits.float(), -1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
 
-    fn = naive if variant == "naive" else (lambda: next_token_logprobs(logits, ids))
+    fn = {
+        "naive": naive,
+        "chunked": lambda: next_token_logprobs(logits, ids),
+        "inplace": lambda: next_token_logprobs(logits, ids, inplace_backward=True),
+    }[variant]
 
     def run():
         if mode == "fwd":
@@ -95,9 +101,6 @@ def _child_mode(
         "shape": [batch, seq, vocab],
         "logits_mib": logits_mib,
         "peak_extra_mib": (peak - before) / 1024,
-        # The gradient of the logits (logits' size and dtype) is the backward's output: any
-        # implementation must hold it. Scratch = what is left.
-        "peak_scratch_mib": (peak - before) / 1024 - (logits_mib if mode == "fwd+bwd" else 0.0),
         "time_s": statistics.median(times),
         "times_s": times,
     }
@@ -114,22 +117,22 @@ def _measure(args, variant, vocab, dtype) -> dict[str, dict]:
 
 
 def markdown_table(results: list[dict]) -> str:
-    """The BENCHMARKS.md table: one line per (vocab, dtype, mode), chunked relative to naive."""
+    """The BENCHMARKS.md table: one line per (vocab, dtype, mode), each variant relative to naive."""
     lines = [
-        "| V | logits | mode | naive peak extra | chunked peak extra | ratio | chunked scratch (w/o grad) "
-        "| naive time | chunked time | time ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| V | logits | mode | naive peak extra | chunked peak extra (ratio) | in-place peak extra (ratio) "
+        "| naive time | chunked time (ratio) | in-place time (ratio) |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
-    for naive, chunked in zip(results[0::2], results[1::2]):
-        memory_ratio = (
-            chunked["peak_extra_mib"] / naive["peak_extra_mib"] if naive["peak_extra_mib"] else float("nan")
-        )
-        lines.append(
-            f"| {naive['vocab']} | {naive['dtype']} {naive['shape']} | {naive['mode']} "
-            f"| {naive['peak_extra_mib']:.1f} MiB | {chunked['peak_extra_mib']:.1f} MiB "
-            f"| {memory_ratio:.3f} | {chunked['peak_scratch_mib']:.1f} MiB "
-            f"| {naive['time_s']:.3f} s | {chunked['time_s']:.3f} s | {chunked['time_s'] / naive['time_s']:.2f} |"
-        )
+    for naive, chunked, inplace in zip(results[0::3], results[1::3], results[2::3]):
+        cells = [f"{naive['vocab']}", f"{naive['dtype']} {naive['shape']}", naive["mode"]]
+        cells.append(f"{naive['peak_extra_mib']:.1f} MiB")
+        for row in (chunked, inplace):
+            ratio = row["peak_extra_mib"] / naive["peak_extra_mib"] if naive["peak_extra_mib"] else float("nan")
+            cells.append(f"{row['peak_extra_mib']:.1f} MiB ({ratio:.3f})")
+        cells.append(f"{naive['time_s']:.3f} s")
+        for row in (chunked, inplace):
+            cells.append(f"{row['time_s']:.3f} s ({row['time_s'] / naive['time_s']:.2f})")
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -143,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq", type=int, default=256)
     parser.add_argument("--vocab", type=int, nargs="+", default=[32000, 150000])
     parser.add_argument("--dtype", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp32"])
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--quick", action="store_true", help="batch 1, seq 64: a smoke test")
     parser.add_argument("--output", type=Path, default=RESULTS)
     parser.add_argument("--markdown", action="store_true", help="print the table of --output and exit")
@@ -165,19 +168,19 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for vocab in args.vocab:
         for dtype in args.dtype:
-            naive_modes = _measure(args, "naive", vocab, dtype)
-            chunked_modes = _measure(args, "chunked", vocab, dtype)
+            measured = {variant: _measure(args, variant, vocab, dtype) for variant in VARIANTS}
             for mode in MODES:
-                naive, chunked = naive_modes[mode], chunked_modes[mode]
-                rows += [naive, chunked]
-                print(
-                    f"V={vocab:>6} {dtype} {mode:<7} naive {naive['peak_extra_mib']:8.1f} MiB "
-                    f"{naive['time_s']:.3f} s | chunked {chunked['peak_extra_mib']:8.1f} MiB "
-                    f"{chunked['time_s']:.3f} s (scratch {chunked['peak_scratch_mib']:.1f} MiB) | "
-                    f"memory x{chunked['peak_extra_mib'] / naive['peak_extra_mib']:.3f} "
-                    f"time x{chunked['time_s'] / naive['time_s']:.2f}",
-                    flush=True,
-                )
+                naive = measured["naive"][mode]
+                rows += [measured[variant][mode] for variant in VARIANTS]
+                line = f"V={vocab:>6} {dtype} {mode:<7} naive {naive['peak_extra_mib']:8.1f} MiB {naive['time_s']:.3f} s"
+                for variant in VARIANTS[1:]:
+                    row = measured[variant][mode]
+                    line += (
+                        f" | {variant} {row['peak_extra_mib']:8.1f} MiB {row['time_s']:.3f} s "
+                        f"(memory x{row['peak_extra_mib'] / naive['peak_extra_mib']:.3f} "
+                        f"time x{row['time_s'] / naive['time_s']:.2f})"
+                    )
+                print(line, flush=True)
     machine = {
         "nproc": os.cpu_count(),
         "platform": platform.platform(),

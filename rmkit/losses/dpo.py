@@ -49,9 +49,13 @@ class DPOLossFn:
     Data: `input_ids [2N, S]`, `token_mask [2N, S]`, `sample_mask [2N]`, `reference_policy_logprobs
     [2N, S]`. Metrics: `loss`, `sft_loss`, `preference_loss`, `accuracy`, `rewards_chosen_mean`,
     `rewards_rejected_mean` (unscaled implicit rewards), `num_valid_samples` (pairs).
+
+    `inplace_backward=True` computes the log-probs with `next_token_logprobs(..., inplace_backward=True)`:
+    the backward writes the logits' gradient into the logits' storage (no new `[B, S, V]` buffer).
     """
 
-    def __init__(self, cfg: DPOLossConfig):
+    def __init__(self, cfg: DPOLossConfig, inplace_backward: bool = False):
+        self.inplace_backward = inplace_backward
         check_config_keys(cfg, set(DPOLossConfig.__annotations__), set(), "DPOLossConfig")
         self.beta = float(cfg["reference_policy_kl_penalty"])
         self.preference_loss_weight = float(cfg["preference_loss_weight"])
@@ -68,7 +72,7 @@ class DPOLossFn:
         global_valid_seqs: torch.Tensor | float,
         global_valid_toks: torch.Tensor | float | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        logprobs = next_token_logprobs(next_token_logits, data["input_ids"])
+        logprobs = next_token_logprobs(next_token_logits, data["input_ids"], inplace_backward=self.inplace_backward)
         token_mask = data["token_mask"][:, 1:].to(logprobs.dtype)
         ref = data["reference_policy_logprobs"][:, 1:].to(logprobs.dtype)
         # where, not a product: padding may hold -inf reference log-probs.

@@ -28,7 +28,13 @@ class NLLLoss:
       `dpo_average_log_probs=True`), not normalized globally, as NeMo RL's DPO uses it.
 
     Metrics: `loss` (scalar form only), `num_unmasked_tokens`, `num_valid_samples` (this microbatch).
+
+    `inplace_backward=True` computes the log-probs with `next_token_logprobs(..., inplace_backward=True)`:
+    the backward writes the logits' gradient into the logits' storage (no new `[B, S, V]` buffer).
     """
+
+    def __init__(self, inplace_backward: bool = False):
+        self.inplace_backward = inplace_backward
 
     def __call__(
         self,
@@ -39,7 +45,7 @@ class NLLLoss:
         dpo_loss: bool = False,
         dpo_average_log_probs: bool = False,
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        logprobs = next_token_logprobs(next_token_logits, data["input_ids"])
+        logprobs = next_token_logprobs(next_token_logits, data["input_ids"], inplace_backward=self.inplace_backward)
         mask = loss_token_mask(data, compute_dtype(logprobs))
         metrics = {
             "num_unmasked_tokens": mask.sum().item(),

@@ -69,6 +69,16 @@ class SequencePackingLossWrapper:
             f"or [{len(self.lengths)}, ...] per sequence"
         )
 
+    def _split(self, next_token_logits: torch.Tensor) -> list[torch.Tensor]:
+        """Each sequence's logits, `[1, len_i, V]`, from one `split` of the packed row: its backward
+        assembles one gradient of the row, where a slice per sequence would allocate one each."""
+        sizes, position = [], 0
+        for start, length in zip(self.starts, self.lengths):
+            sizes += [start - position, length]
+            position = start + length
+        sizes.append(next_token_logits.shape[1] - position)
+        return list(next_token_logits.split(sizes, dim=1)[1::2])
+
     def __call__(
         self,
         next_token_logits: torch.Tensor,
@@ -84,9 +94,8 @@ class SequencePackingLossWrapper:
             )
         loss = None
         metrics = []
-        for i, (start, length) in enumerate(zip(self.starts, self.lengths)):
+        for i, logits in enumerate(self._split(next_token_logits)):
             seq_data = {k: self._slice(k, v, i, total) for k, v in data.items()}
-            logits = next_token_logits[:, start : start + length]
             seq_loss, seq_metrics = self.loss_fn(logits, seq_data, global_valid_seqs, global_valid_toks)
             loss = seq_loss if loss is None else loss + seq_loss
             metrics.append(seq_metrics)

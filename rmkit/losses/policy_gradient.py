@@ -122,9 +122,13 @@ class ClippedPGLossFn:
     `probs_ratio`, `probs_ratio_clamped`, `probs_ratio_min`, `probs_ratio_max` (inf / -inf without
     valid tokens), `token_mult_prob_error` (mean exp|gen - prev|), `approx_entropy`
     (mean -exp(curr - gen) * curr), `num_valid_samples`.
+
+    `inplace_backward=True` computes the log-probs with `next_token_logprobs(..., inplace_backward=True)`:
+    the backward writes the logits' gradient into the logits' storage (no new `[B, S, V]` buffer).
     """
 
-    def __init__(self, cfg: ClippedPGLossConfig):
+    def __init__(self, cfg: ClippedPGLossConfig, inplace_backward: bool = False):
+        self.inplace_backward = inplace_backward
         self.cfg = _validate(dict(cfg))
         self.beta = float(self.cfg["reference_policy_kl_penalty"])
         self.kl_estimator = KL_ESTIMATORS[self.cfg["reference_policy_kl_type"]]
@@ -168,7 +172,7 @@ class ClippedPGLossFn:
         global_valid_toks: torch.Tensor | float,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         gvs, gvt = global_valid_seqs, global_valid_toks
-        curr = next_token_logprobs(next_token_logits, data["input_ids"])
+        curr = next_token_logprobs(next_token_logits, data["input_ids"], inplace_backward=self.inplace_backward)
         mask = loss_token_mask(data, curr.dtype)
         # Zero the inputs outside the mask: padding may hold anything (-inf log-probs), and
         # inf * 0 would turn the masked sums into NaN.

@@ -64,3 +64,56 @@ def test_aligned_logprobs_match_the_data_layout():
     got = aligned_logprobs(logits, ids)
     assert got.shape == (2, 5) and torch.all(got[:, 0] == 0)
     torch.testing.assert_close(got[:, 1:], _naive(logits, ids), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("chunk_elements", [1, 40, 1 << 20])
+def test_inplace_backward_matches_reference_and_reuses_the_logits_storage(chunk_elements):
+    # The model-side case: logits come out of a matmul, so the gradient reaching the weight is
+    # what counts. The in-place backward must give it to 1e-12 and write into the logits' buffer.
+    hidden = torch.randn(3, 6, 4, dtype=torch.float64)
+    weight = torch.randn(4, 13, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, 13, (3, 6))
+    upstream = torch.randn(3, 5, dtype=torch.float64)
+    logits = hidden @ weight
+    logits_ptr = logits.data_ptr()
+    got = next_token_logprobs(logits, ids, chunk_elements=chunk_elements, inplace_backward=True)
+    torch.testing.assert_close(got, _naive(hidden @ weight, ids), rtol=0, atol=1e-12)
+    (g_logits,) = torch.autograd.grad(got, logits, upstream, retain_graph=True)
+    assert g_logits.data_ptr() == logits_ptr  # no new [B, S, V] buffer
+    (g_want,) = torch.autograd.grad(_naive(hidden @ weight, ids), weight, upstream)
+    logits = hidden @ weight
+    got = next_token_logprobs(logits, ids, chunk_elements=chunk_elements, inplace_backward=True)
+    (g_got,) = torch.autograd.grad(got, weight, upstream)
+    torch.testing.assert_close(g_got, g_want, rtol=0, atol=1e-12)
+
+
+def test_inplace_backward_bf16_and_a_slice_of_a_packed_row():
+    # bf16 logits: same bf16 gradient as the out-of-place backward (both round float32 math once).
+    logits = (3 * torch.randn(2, 5, 1000)).bfloat16()
+    ids = torch.randint(0, 1000, (2, 5))
+    upstream = torch.randn(2, 4)
+    out_of_place = logits.clone().requires_grad_()
+    next_token_logprobs(out_of_place, ids, chunk_elements=2000).backward(upstream)
+    in_place = logits.clone().requires_grad_()
+    next_token_logprobs(in_place, ids, chunk_elements=2000, inplace_backward=True).backward(upstream)
+    torch.testing.assert_close(in_place.grad.float(), out_of_place.grad.float(), rtol=1e-2, atol=1e-4)
+    # A view into a larger row: the gradient lands in the right positions of the base.
+    full = torch.randn(1, 10, 9, dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(0, 9, (1, 4))
+    (g_want,) = torch.autograd.grad(_naive(full[:, 3:7], ids).sum(), full)
+    part = full.clone()[:, 3:7]
+    got = next_token_logprobs(part, ids, chunk_elements=9, inplace_backward=True)
+    (g_got,) = torch.autograd.grad(got.sum(), full)
+    torch.testing.assert_close(g_got, g_want, rtol=0, atol=1e-12)
+
+
+def test_inplace_backward_fails_loudly_when_something_else_saved_the_logits():
+    # logits ** 2 saves the logits for its own backward, which runs after ours (it was recorded
+    # first): torch must refuse the overwritten values, not use them.
+    weight = torch.randn(4, 7, dtype=torch.float64, requires_grad=True)
+    logits = torch.randn(2, 5, 4, dtype=torch.float64) @ weight
+    ids = torch.randint(0, 7, (2, 5))
+    other = (logits**2).sum()
+    loss = next_token_logprobs(logits, ids, inplace_backward=True).sum() + other
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
