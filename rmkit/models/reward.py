@@ -102,17 +102,23 @@ def load_reward_model(
 
 
 def compute_rewards(
-    model: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    inputs_embeds: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Rewards `[B, K]` in float32 for right-padded `input_ids` / `attention_mask` `[B, S]`.
 
     Decoders: the score head on the hidden state at each row's last real token (the head runs on B
-    vectors, not on all B x S positions). Encoders: the model's own pooled logits.
+    vectors, not on all B x S positions). Encoders: the model's own pooled logits. `inputs_embeds`
+    `[B, S, H]`, when given, are the word embeddings of `input_ids`, already looked up (the model
+    then skips its own lookup; positions and token types are added as usual).
     """
+    inputs = {"input_ids": input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
     if not uses_last_token_pooling(model):
-        return model(input_ids=input_ids, attention_mask=attention_mask).logits.float()
+        return model(**inputs, attention_mask=attention_mask).logits.float()
     backbone = getattr(model, model.base_model_prefix)
-    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    hidden = backbone(**inputs, attention_mask=attention_mask).last_hidden_state
     positions = torch.arange(input_ids.shape[1], device=input_ids.device)
     last = (positions * attention_mask.to(positions.dtype)).argmax(dim=1)
     last_hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]

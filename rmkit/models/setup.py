@@ -139,7 +139,7 @@ def prepare_model(model: PreTrainedModel, policy) -> torch.nn.Module:
 
 
 class RewardForward(torch.nn.Module):
-    """`forward(input_ids, attention_mask) -> rewards [B, K]` through `compute_rewards`.
+    """`forward(input_ids, attention_mask, inputs_embeds=None) -> rewards [B, K]` through `compute_rewards`.
 
     The loop calls the model through this module so that wrappers that hook `forward` (DDP,
     `torch.compile`) see the whole reward computation; `self.model` is the trained model (peft or plain).
@@ -149,5 +149,11 @@ class RewardForward(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        return compute_rewards(trainable_model(self.model), input_ids, attention_mask)
+    def forward(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, inputs_embeds: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return compute_rewards(trainable_model(self.model), input_ids, attention_mask, inputs_embeds)
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The model's word embeddings of `input_ids` (any shape), as its forward would look them up."""
+        return trainable_model(self.model).get_input_embeddings()(input_ids)

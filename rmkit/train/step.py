@@ -32,24 +32,53 @@ def _to(batch: dict, device: torch.device) -> dict:
     return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
 
 
+# What one more forward pass over a chunk of rows costs, in padded token positions: measured with
+# MiniLM on 2 CPU threads (a forward+backward pass has ~250 small ops whose fixed cost is that of
+# computing ~30 more positions). It sets how far `plan_row_chunks` goes in cutting padding.
+CHUNK_OVERHEAD_POSITIONS = 32
+
+
+def plan_row_chunks(lengths: Sequence[int], overhead_positions: float = CHUNK_OVERHEAD_POSITIONS) -> list[tuple[int, int]]:
+    """Cut rows sorted longest first (`lengths` non-increasing) into contiguous chunks `[start, end)`
+    that minimize the positions computed (each chunk pads to its first, longest row) plus
+    `overhead_positions` per chunk. Exact, by dynamic programming over the cut points (O(rows^2)).
+    """
+    best = [0.0] + [float("inf")] * len(lengths)  # best[j]: the cheapest plan for the first j rows
+    cut = [0] * (len(lengths) + 1)
+    for end in range(1, len(lengths) + 1):
+        for start in range(end):
+            cost = best[start] + (end - start) * lengths[start] + overhead_positions
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    chunks, end = [], len(lengths)
+    while end > 0:
+        chunks.append((cut[end], end))
+        end = cut[end]
+    return chunks[::-1]
+
+
 def length_grouped_rewards(forward: torch.nn.Module, rows: Sequence[Sequence[int]], pad_token_id: int,
-                           device: torch.device, max_chunks: int = 4, min_rows: int = 8) -> torch.Tensor:
-    """Rewards `[R, K]` of token `rows`, in their order, computed as up to `max_chunks` forward passes
-    over rows of similar length (sorted, cut into chunks of at least `min_rows`), each padded only to
-    its own longest row.
+                           device: torch.device,
+                           overhead_positions: float = CHUNK_OVERHEAD_POSITIONS) -> torch.Tensor:
+    """Rewards `[R, K]` of token `rows`, in their order, computed as forward passes over chunks of
+    rows of similar length (sorted, cut by `plan_row_chunks`), each padded only to its own longest row.
 
     The two sides of a pair usually differ in length, so one batch of interleaved pairs pads every
-    row to the longest response; on HH pairs at 256 tokens, chunks of sorted rows halve the padding
-    left by length-grouped batching (12% -> 7%). Each row's reward is read at its own last real token,
-    so the result equals one padded forward up to float rounding. Backward runs once, on the loss.
+    row to the longest response (12% padding on HH pairs at 256 tokens after length grouping; 2% in
+    planned chunks). Each row's reward is read at its own last real token, so the result equals one
+    padded forward up to float rounding. Backward runs once, on the loss.
     """
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]), reverse=True)
-    chunks = max(1, min(max_chunks, len(rows) // min_rows))
-    size = -(-len(rows) // chunks)
+    plan = plan_row_chunks([len(rows[i]) for i in order], overhead_positions)
+    padded = [pad_right([rows[i] for i in order[start:end]], pad_token_id) for start, end in plan]
+    # One embedding lookup for every chunk: its backward builds one dense gradient of the embedding
+    # matrix (vocab x hidden, 47 MB for MiniLM) instead of one per chunk, each zero-filled and summed.
+    flat_ids = torch.cat([input_ids.reshape(-1) for input_ids, _ in padded]).to(device)
+    embeddings = forward.embed(flat_ids).split([input_ids.numel() for input_ids, _ in padded])
     pieces = []
-    for start in range(0, len(order), size):
-        input_ids, attention_mask = pad_right([rows[i] for i in order[start : start + size]], pad_token_id)
-        pieces.append(forward(input_ids.to(device), attention_mask.to(device)))
+    for (input_ids, attention_mask), embedded in zip(padded, embeddings):
+        embedded = embedded.view(*input_ids.shape, -1)
+        pieces.append(forward(input_ids.to(device), attention_mask.to(device), inputs_embeds=embedded))
     inverse = torch.empty(len(order), dtype=torch.long, device=device)
     inverse[torch.tensor(order, device=device)] = torch.arange(len(order), device=device)
     return torch.cat(pieces)[inverse]

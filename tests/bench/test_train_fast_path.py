@@ -1,5 +1,6 @@
 """The training fast path the benchmark measured: dropout off by default, fused AdamW on CPU."""
 
+import pytest
 import torch
 from transformers import BertConfig, BertForSequenceClassification
 
@@ -54,16 +55,26 @@ def test_cpu_optimizer_is_fused_and_matches_the_reference_adamw():
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_length_grouped_rewards_equal_one_padded_forward_in_the_original_order():
+def tiny_llama():
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    config = LlamaConfig(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, num_labels=1, pad_token_id=0)  # fmt: skip
+    return LlamaForSequenceClassification(config)
+
+
+@pytest.mark.parametrize("overhead", [0, 32, 1e9])  # a chunk per distinct length, planned, one chunk
+@pytest.mark.parametrize("backbone", [tiny_bert, tiny_llama])  # pooled encoder, last-token decoder
+def test_length_grouped_rewards_equal_one_padded_forward_in_the_original_order(backbone, overhead):
     from rmkit.models.scoring import pad_right
     from rmkit.models.setup import RewardForward
     from rmkit.train.step import length_grouped_rewards
 
     torch.manual_seed(0)
-    forward = RewardForward(prepare_model(tiny_bert(), PolicyConfig()))
-    lengths = [5, 17, 3, 9, 12, 2, 30, 8, 8, 21, 4, 15, 6, 11, 25, 7, 19]  # 17 rows -> 2 chunks of <= 9
+    forward = RewardForward(prepare_model(backbone(), PolicyConfig()))
+    lengths = [5, 17, 3, 9, 12, 2, 30, 8, 8, 21, 4, 15, 6, 11, 25, 7, 19]
     rows = [torch.randint(1, 64, (n,)).tolist() for n in lengths]
-    chunked = length_grouped_rewards(forward, rows, pad_token_id=0, device=torch.device("cpu"))
+    chunked = length_grouped_rewards(forward, rows, 0, torch.device("cpu"), overhead_positions=overhead)
     chunked.square().sum().backward()
     grads = [p.grad.clone() for p in forward.parameters()]
     forward.zero_grad()
@@ -73,3 +84,28 @@ def test_length_grouped_rewards_equal_one_padded_forward_in_the_original_order()
     torch.testing.assert_close(chunked, reference, rtol=1e-5, atol=1e-6)
     for got, want in zip(grads, (p.grad for p in forward.parameters())):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def _all_plans(n):
+    """Every split of n rows into contiguous non-empty chunks (2^(n-1) of them)."""
+    for mask in range(2 ** max(n - 1, 0)):
+        cuts = [0] + [i + 1 for i in range(n - 1) if mask >> i & 1] + [n]
+        yield list(zip(cuts[:-1], cuts[1:]))
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_row_chunk_plan_is_the_cheapest_split(seed):
+    from rmkit.train.step import plan_row_chunks
+
+    g = torch.Generator().manual_seed(seed)
+    n = int(torch.randint(1, 11, (1,), generator=g))
+    lengths = sorted(torch.randint(1, 200, (n,), generator=g).tolist(), reverse=True)
+    overhead = float(torch.randint(0, 100, (1,), generator=g))
+
+    def cost(plan):
+        return sum((end - start) * lengths[start] + overhead for start, end in plan)
+
+    plan = plan_row_chunks(lengths, overhead)
+    assert [start for start, _ in plan][0] == 0 and plan[-1][1] == n
+    assert all(a[1] == b[0] for a, b in zip(plan, plan[1:]))  # contiguous, covering every row once
+    assert cost(plan) == min(cost(p) for p in _all_plans(n))
