@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
 
+from rmkit.models.first_token import first_token_last_layer
+
 PAD_TOKEN = "<|rmkit_pad|>"
 
 
@@ -110,13 +112,15 @@ def compute_rewards(
     """Rewards `[B, K]` in float32 for right-padded `input_ids` / `attention_mask` `[B, S]`.
 
     Decoders: the score head on the hidden state at each row's last real token (the head runs on B
-    vectors, not on all B x S positions). Encoders: the model's own pooled logits. `inputs_embeds`
+    vectors, not on all B x S positions). Encoders: the model's own pooled logits, with a BERT-family
+    model's last layer computed at the pooled [CLS] position only (`first_token_last_layer`). `inputs_embeds`
     `[B, S, H]`, when given, are the word embeddings of `input_ids`, already looked up (the model
     then skips its own lookup; positions and token types are added as usual).
     """
     inputs = {"input_ids": input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
     if not uses_last_token_pooling(model):
-        return model(**inputs, attention_mask=attention_mask).logits.float()
+        with first_token_last_layer(model):
+            return model(**inputs, attention_mask=attention_mask).logits.float()
     backbone = getattr(model, model.base_model_prefix)
     hidden = backbone(**inputs, attention_mask=attention_mask).last_hidden_state
     positions = torch.arange(input_ids.shape[1], device=input_ids.device)
