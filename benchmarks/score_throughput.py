@@ -10,7 +10,9 @@ rejected). Timed, after the model is loaded and warmed up, in this one process:
 - `pipeline bs=B`: the whole list in one call with the pipeline's own `batch_size` batching;
 - `rmkit score` (the CLI, `--cli`): the whole command as a subprocess, start-up and model loading included.
 
-Pairs/s are medians over `--repeats`; the ratio is rmkit over the pipeline's best setting.
+Pairs/s are medians over `--repeats`; the ratio is rmkit over the pipeline's best setting. Each setting also
+gets its model FLOP utilization: 2 x non-embedding parameters x the tokens scored, over its time, against
+the fp32 matmul peak measured in the same run; `ceiling_pairs_per_s` is the pairs/s that would take 100%.
 
     python benchmarks/score_throughput.py
     python benchmarks/score_throughput.py --pairs 64 --batch-sizes 1,16 --repeats 1
@@ -107,13 +109,16 @@ def time_cli(model_dir: Path, data: Path, threads: int, max_length: int) -> floa
 
 
 def markdown_table(payload: dict) -> str:
-    """The results as the BENCHMARKS.md table (pairs/s and seconds per setting, then the ratio)."""
-    lines = ["| setting | seconds | pairs/s |", "|---|---|---|"]
+    """The results as the BENCHMARKS.md table (pairs/s, seconds and MFU per setting, then the ratio)."""
+    lines = ["| setting | seconds | pairs/s | MFU |", "|---|---|---|---|"]
     for name, value in payload["results"].items():
         if isinstance(value, dict):
-            lines.append(f"| {name} | {value['seconds']:.2f} | {value['pairs_per_s']:.1f} |")
+            mfu = f"{100 * value['mfu']:.1f}%" if "mfu" in value else ""
+            lines.append(f"| {name} | {value['seconds']:.2f} | {value['pairs_per_s']:.1f} | {mfu} |")
     ratio = payload["results"]["ratio_rmkit_over_best_pipeline"]
-    lines.append(f"| **rmkit / best pipeline** | | **{ratio:.2f}x** |")
+    lines.append(f"| **rmkit / best pipeline** | | **{ratio:.2f}x** | |")
+    if "ceiling_pairs_per_s" in payload:
+        lines.append(f"| fp32 matmul peak, all FLOPs useful (ceiling) | | {payload['ceiling_pairs_per_s']:.1f} | 100% |")
     return "\n".join(lines)
 
 
@@ -121,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import pipeline
 
     from rmkit.data import load_preference_data
+    from rmkit.data.tokenize import tokenize_pairs
     from rmkit.models import load_reward_model
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
@@ -143,9 +149,18 @@ def main(argv: list[str] | None = None) -> int:
     rmkit_scores(model, tokenizer, records[:4], args.max_length)
     pipeline_scores(pipe, texts[:8], 1, args.max_length)
 
+    # Model FLOPs of the workload: 2 x non-embedding parameters per token scored (rmkit's tokenization).
+    tokenized = tokenize_pairs(records, tokenizer, args.max_length, overlong="truncate").pairs
+    tokens = sum(len(p.chosen_ids) + len(p.rejected_ids) for p in tokenized)
+    flops = 2 * common.non_embedding_params(model) * tokens
+    peak = common.matmul_peak_flops(torch.float32, args.threads)
+
+    def measured(seconds: float) -> dict:
+        return {"seconds": seconds, "pairs_per_s": len(records) / seconds, "mfu": flops / seconds / peak}
+
     results = {}
     seconds, rewards = timed(lambda: rmkit_scores(model, tokenizer, records, args.max_length), args.repeats)
-    results["rmkit"] = {"seconds": seconds, "pairs_per_s": len(records) / seconds}
+    results["rmkit"] = measured(seconds)
     # The pipeline truncates on the right; rmkit cuts a pair's shared prompt when either side is too long.
     # Compare where neither truncates: pairs whose two texts both fit.
     fits = torch.tensor([len(ids) <= args.max_length for ids in tokenizer(texts).input_ids])
@@ -155,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         seconds, scores = timed(
             lambda b=batch_size: pipeline_scores(pipe, texts, b, args.max_length), args.repeats
         )
-        results[f"pipeline_bs{batch_size}"] = {"seconds": seconds, "pairs_per_s": len(records) / seconds}
+        results[f"pipeline_bs{batch_size}"] = measured(seconds)
         max_diff = max(max_diff, (scores - rewards)[fits].abs().max().item())
     best = max((v for k, v in results.items() if k.startswith("pipeline")), key=lambda v: v["pairs_per_s"])
     results["ratio_rmkit_over_best_pipeline"] = results["rmkit"]["pairs_per_s"] / best["pairs_per_s"]
@@ -171,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         "pairs": len(records),
         "threads": args.threads,
         "max_abs_reward_difference_vs_pipeline": max_diff,
+        "tokens": tokens,
+        "model_flops": flops,
+        "matmul_peak_flops": peak,
+        "ceiling_pairs_per_s": len(records) / (flops / peak),
         "results": results,
     }
     common.write_json(args.output, payload)

@@ -123,6 +123,11 @@ def test_score_throughput_smoke(tmp_path):
     }
     # Same model, same tokens: the pipeline and rmkit agree on every untruncated reward (fp32 rounding).
     assert result["max_abs_reward_difference_vs_pipeline"] < 1e-4
+    # MFU = model FLOPs / time / peak, so pairs/s over MFU is the same ceiling for every setting.
+    for name in ("rmkit", "pipeline_bs1", "pipeline_bs4"):
+        measured = result["results"][name]
+        assert measured["mfu"] > 0
+        assert measured["pairs_per_s"] / measured["mfu"] == pytest.approx(result["ceiling_pairs_per_s"], rel=1e-9)
 
 
 @pytest.mark.slow
@@ -148,3 +153,30 @@ def test_train_vs_trl_smoke_both_sides(tmp_path):
         assert 0 <= row[side]["accuracy/hh_harmless_val.jsonl"] <= 1
     assert {r["optimizer_steps"] for r in result["runs"]} == {2}  # 16 pairs / 8 per step, one epoch
     assert row["ratio_rmkit_over_trl"]["pairs_per_s"] > 0
+
+
+def test_recipe_sweep_trains_each_setting_and_scores_it_on_both_held_out_files(tmp_path):
+    from benchmarks import recipe_sweep
+
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    for name, n in (("hh_harmless_train.jsonl", 12), ("hh_harmless_val.jsonl", 6), ("pandalm_val.jsonl", 4)):
+        write_pairs(data_dir / name, n)
+    model = tiny_bert_reward_model(tmp_path / "tiny")
+    output = tmp_path / "sweep.json"
+    status = recipe_sweep.main([
+        "--settings", "recipe,lr1e-4", "--pairs", "8", "--data-dir", str(data_dir),
+        "--work-dir", str(tmp_path / "work"), "--output", str(output), "--threads", "1",
+        "--override", f"policy.model_name={model}", "--override", "policy.train_global_batch_size=4",
+        "--override", "policy.train_micro_batch_size=4",
+    ])  # fmt: skip
+    assert status == 0
+    payload = json.loads(output.read_text())
+    assert list(payload["runs"]) == ["recipe", "lr1e-4"]
+    assert payload["runs"]["lr1e-4"]["overrides"] == ["policy.optimizer.lr=1e-4"]
+    for run in payload["runs"].values():
+        assert set(run["accuracy"]) == {"hh_harmless_val.jsonl", "pandalm_val.jsonl"}
+        assert all(0.0 <= acc <= 1.0 for acc in run["accuracy"].values())
+        assert "2 steps" in run["train_rate"]  # 8 pairs in global batches of 4, one epoch
+        assert (Path(run["model_dir"]) / "model.safetensors").is_file()
+    assert "| lr1e-4 |" in recipe_sweep.markdown_table(payload)
