@@ -8,7 +8,7 @@ strict `>`) on `hh_harmless_val.jsonl` and `pandalm_val.jsonl`. Settings run in 
 their train times are comparable on a quiet machine.
 
     python benchmarks/recipe_sweep.py                                  # the recorded sweep (MiniLM)
-    python benchmarks/recipe_sweep.py --settings lr2e-5,lr1e-4         # some of it
+    python benchmarks/recipe_sweep.py --settings epochs3,lr2e-5        # others
     python benchmarks/recipe_sweep.py --settings smollm2 --pairs 256   # SmolLM2-135M on the first 256 pairs
     python benchmarks/recipe_sweep.py table benchmarks/results/recipe_sweep.json
 """
@@ -26,19 +26,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import common  # noqa: E402
 
-# name: overrides of configs/rm.yaml (the baseline, "recipe", changes nothing)
+# name: overrides of configs/rm.yaml ("recipe" changes nothing). Settings name their epochs so that a result
+# does not depend on the epoch count the YAML had when it ran (1 until the sweep of 2026-11-23 chose 2).
 SETTINGS: dict[str, list[str]] = {
     "recipe": [],
-    "lr2e-5": ["policy.optimizer.lr=2e-5"],
-    "lr1e-4": ["policy.optimizer.lr=1e-4"],
+    "epochs1": ["rm.max_num_epochs=1"],
+    "epochs1_lr2e-5": ["rm.max_num_epochs=1", "policy.optimizer.lr=2e-5"],
+    "epochs1_lr1e-4": ["rm.max_num_epochs=1", "policy.optimizer.lr=1e-4"],
+    "epochs1_freeze_embeddings": ["rm.max_num_epochs=1", "policy.freeze_embeddings=true"],
     "epochs2": ["rm.max_num_epochs=2"],
-    "constant": ["policy.scheduler.name=constant"],
-    "len128": ["policy.max_total_sequence_length=128"],
-    "freeze_embeddings": ["policy.freeze_embeddings=true"],
-    "freeze_layers3": ["policy.freeze_embeddings=true", "policy.freeze_layers=3"],
+    "epochs3": ["rm.max_num_epochs=3"],
+    "lr2e-5": ["rm.max_num_epochs=2", "policy.optimizer.lr=2e-5"],
+    "lr1e-4": ["rm.max_num_epochs=2", "policy.optimizer.lr=1e-4"],
+    "freeze_embeddings": ["rm.max_num_epochs=2", "policy.freeze_embeddings=true"],
+    "len128": ["rm.max_num_epochs=2", "policy.max_total_sequence_length=128"],
     "smollm2": ["policy.model_name=smollm2", "policy.optimizer.lr=1e-5", "policy.train_micro_batch_size=8"],
 }
-DEFAULT_SETTINGS = "recipe,lr2e-5,lr1e-4,epochs2,freeze_embeddings"
+DEFAULT_SETTINGS = "epochs1,epochs1_lr2e-5,epochs1_lr1e-4,epochs2,epochs1_freeze_embeddings"
 EVAL_FILES = ("hh_harmless_val.jsonl", "pandalm_val.jsonl")
 
 

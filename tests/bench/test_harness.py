@@ -165,18 +165,20 @@ def test_recipe_sweep_trains_each_setting_and_scores_it_on_both_held_out_files(t
     model = tiny_bert_reward_model(tmp_path / "tiny")
     output = tmp_path / "sweep.json"
     status = recipe_sweep.main([
-        "--settings", "recipe,lr1e-4", "--pairs", "8", "--data-dir", str(data_dir),
+        "--settings", "recipe,epochs1_lr1e-4", "--pairs", "8", "--data-dir", str(data_dir),
         "--work-dir", str(tmp_path / "work"), "--output", str(output), "--threads", "1",
         "--override", f"policy.model_name={model}", "--override", "policy.train_global_batch_size=4",
         "--override", "policy.train_micro_batch_size=4",
     ])  # fmt: skip
     assert status == 0
     payload = json.loads(output.read_text())
-    assert list(payload["runs"]) == ["recipe", "lr1e-4"]
-    assert payload["runs"]["lr1e-4"]["overrides"] == ["policy.optimizer.lr=1e-4"]
+    assert list(payload["runs"]) == ["recipe", "epochs1_lr1e-4"]
+    assert payload["runs"]["epochs1_lr1e-4"]["overrides"] == ["rm.max_num_epochs=1", "policy.optimizer.lr=1e-4"]
     for run in payload["runs"].values():
         assert set(run["accuracy"]) == {"hh_harmless_val.jsonl", "pandalm_val.jsonl"}
         assert all(0.0 <= acc <= 1.0 for acc in run["accuracy"].values())
-        assert "2 steps" in run["train_rate"]  # 8 pairs in global batches of 4, one epoch
         assert (Path(run["model_dir"]) / "model.safetensors").is_file()
-    assert "| lr1e-4 |" in recipe_sweep.markdown_table(payload)
+    # 8 pairs in global batches of 4: configs/rm.yaml's two epochs, and one
+    assert "4 steps" in payload["runs"]["recipe"]["train_rate"]
+    assert "2 steps" in payload["runs"]["epochs1_lr1e-4"]["train_rate"]
+    assert "| epochs1_lr1e-4 |" in recipe_sweep.markdown_table(payload)
