@@ -34,6 +34,8 @@ SETTINGS: dict[str, list[str]] = {
     "epochs1_lr2e-5": ["rm.max_num_epochs=1", "policy.optimizer.lr=2e-5"],
     "epochs1_lr1e-4": ["rm.max_num_epochs=1", "policy.optimizer.lr=1e-4"],
     "epochs1_freeze_embeddings": ["rm.max_num_epochs=1", "policy.freeze_embeddings=true"],
+    "epochs1_constant": ["rm.max_num_epochs=1", "policy.scheduler.name=constant"],
+    "epochs1_len128": ["rm.max_num_epochs=1", "policy.max_total_sequence_length=128"],
     "epochs2": ["rm.max_num_epochs=2"],
     "epochs3": ["rm.max_num_epochs=3"],
     "lr2e-5": ["rm.max_num_epochs=2", "policy.optimizer.lr=2e-5"],
