@@ -43,6 +43,7 @@ SETTINGS: dict[str, list[str]] = {
     "freeze_embeddings": ["rm.max_num_epochs=2", "policy.freeze_embeddings=true"],
     "len128": ["rm.max_num_epochs=2", "policy.max_total_sequence_length=128"],
     "smollm2": ["policy.model_name=smollm2", "policy.optimizer.lr=1e-5", "policy.train_micro_batch_size=8"],
+    "smollm2_lr5e-5": ["policy.model_name=smollm2", "policy.optimizer.lr=5e-5", "policy.train_micro_batch_size=8"],
 }
 DEFAULT_SETTINGS = "epochs1,epochs1_lr2e-5,epochs1_lr1e-4,epochs2,epochs1_freeze_embeddings"
 EVAL_FILES = ("hh_harmless_val.jsonl", "pandalm_val.jsonl")
