@@ -9,7 +9,7 @@ their train times are comparable on a quiet machine.
 
     python benchmarks/recipe_sweep.py                                  # the recorded sweep (MiniLM)
     python benchmarks/recipe_sweep.py --settings epochs3,lr2e-5        # others
-    python benchmarks/recipe_sweep.py --settings smollm2 --pairs 256   # SmolLM2-135M on the first 256 pairs
+    python benchmarks/recipe_sweep.py --settings smollm2_lr5e-5 --eval-pairs 300   # SmolLM2-135M, the full recipe
     python benchmarks/recipe_sweep.py table benchmarks/results/recipe_sweep.json
 """
 
