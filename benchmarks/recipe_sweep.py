@@ -26,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import common  # noqa: E402
 
-# name: overrides of configs/rm.yaml ("recipe" changes nothing). Settings name their epochs so that a result
-# does not depend on the epoch count the YAML had when it ran (1 until the sweep of 2026-11-23 chose 2).
+# name: overrides of configs/rm.yaml ("recipe" changes nothing). MiniLM settings name their epochs so that a
+# result does not depend on the epoch count the YAML had when it ran (1 until the sweep of 2026-11-23 chose 2);
+# the smollm2 settings are the recipe with another backbone and lr, so they train the YAML's epochs.
 SETTINGS: dict[str, list[str]] = {
     "recipe": [],
     "epochs1": ["rm.max_num_epochs=1"],
