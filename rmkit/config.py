@@ -20,7 +20,6 @@ from typing import Any, Literal
 import yaml
 
 from rmkit.errors import ConfigError
-from rmkit.train.loggers import MlflowConfig, WandbConfig  # logger.wandb / logger.mlflow, documented there
 
 Precision = Literal["float32", "bfloat16"]
 
@@ -241,6 +240,46 @@ class CheckpointingConfig:
     resume: str | None = None
     """None: start fresh; `auto`: continue from the newest valid `step_<N>` in `checkpoint_dir` (a
     fresh start when there is none; `rmkit train --resume` sets this); or the path of a `step_<N>`."""
+
+
+@dataclass
+class WandbConfig:
+    """Weights & Biases run settings (`logger.wandb`)."""
+
+    enabled: bool = False
+    """Log every metric to a W&B run."""
+    project: str = "rmkit"
+    """W&B project name."""
+    name: str | None = None
+    """Run name; None lets W&B pick one."""
+    entity: str | None = None
+    """W&B team or user; None uses the logged-in default."""
+    mode: str | None = None
+    """"online", "offline" (files only, no network; `wandb sync` uploads them later) or "disabled";
+    None follows the WANDB_MODE environment variable, else W&B's default (online)."""
+    dir: str | None = None
+    """Where W&B writes its files; None uses `<logger.log_dir>`."""
+    tags: list[str] = field(default_factory=list)
+    """Tags attached to the run."""
+
+    def __post_init__(self):
+        if self.mode not in (None, "online", "offline", "disabled"):
+            raise ConfigError("logger.wandb.mode", f"must be online, offline or disabled, got {self.mode!r}")
+
+
+@dataclass
+class MlflowConfig:
+    """MLflow run settings (`logger.mlflow`)."""
+
+    enabled: bool = False
+    """Log every metric and the config to an MLflow run."""
+    tracking_uri: str | None = None
+    """MLflow tracking URI: `file:<dir>` for a local file store, `sqlite:///<file>` for a local
+    database, or a server `http://host:5000`; None uses `file:<logger.log_dir>/mlruns`."""
+    experiment_name: str = "rmkit"
+    """The experiment the run belongs to (created when missing)."""
+    run_name: str | None = None
+    """Run name; None lets MLflow pick one."""
 
 
 @dataclass

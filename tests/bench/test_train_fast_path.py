@@ -6,7 +6,7 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from rmkit.config import OptimizerConfig, PolicyConfig
 from rmkit.models.setup import prepare_model
-from rmkit.train.state import build_optimizer
+from rmkit.trainer.state import build_optimizer
 
 
 def tiny_bert() -> BertForSequenceClassification:
@@ -68,7 +68,7 @@ def tiny_llama():
 def test_length_grouped_rewards_equal_one_padded_forward_in_the_original_order(backbone, overhead):
     from rmkit.models.scoring import pad_right
     from rmkit.models.setup import RewardForward
-    from rmkit.train.step import length_grouped_rewards
+    from rmkit.recipes.rm_step import length_grouped_rewards
 
     torch.manual_seed(0)
     forward = RewardForward(prepare_model(backbone(), PolicyConfig()))
@@ -95,7 +95,7 @@ def _all_plans(n):
 
 @pytest.mark.parametrize("seed", range(20))
 def test_row_chunk_plan_is_the_cheapest_split(seed):
-    from rmkit.train.step import plan_row_chunks
+    from rmkit.recipes.rm_step import plan_row_chunks
 
     g = torch.Generator().manual_seed(seed)
     n = int(torch.randint(1, 11, (1,), generator=g))

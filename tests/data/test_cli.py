@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rmkit.data.cli import main
+from rmkit.cli.data import main
 
 from .conftest import write_jsonl
 

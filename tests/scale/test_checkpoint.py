@@ -15,7 +15,7 @@ import torch
 import yaml
 from transformers import AutoModelForSequenceClassification, LlamaConfig, LlamaForSequenceClassification
 
-from rmkit.train import checkpoint as ckpt
+from rmkit.trainer import checkpoint as ckpt
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -136,7 +136,7 @@ def test_sigkill_mid_write_leaves_previous_checkpoint(tmp_path):
     # A real process killed while writing step_2 (after its weights, before the manifest and rename).
     script = textwrap.dedent(f"""
         import os, signal, torch
-        from rmkit.train import checkpoint as ckpt
+        from rmkit.trainer import checkpoint as ckpt
         model = torch.nn.Linear(64, 64)  # plain torch: no transformers import, a quick subprocess
         ckpt.save_checkpoint({str(tmp_path)!r}, 1, model=model)
         def die(*a, **k):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from rmkit.errors import ConfigError
-from rmkit.train import resume
-from rmkit.train.checkpoint import list_checkpoints
+from rmkit.trainer import resume
+from rmkit.trainer.checkpoint import list_checkpoints
 
 
 @dataclass
@@ -137,7 +137,7 @@ def test_rewind_metrics_log(tmp_path):
 
 
 def test_restore_rng_from_a_different_number_of_processes(capsys):
-    from rmkit.train.checkpoint import capture_rng_state
+    from rmkit.trainer.checkpoint import capture_rng_state
 
     torch.manual_seed(1)
     rank0 = capture_rng_state()

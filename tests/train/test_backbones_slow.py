@@ -7,7 +7,7 @@ import pytest
 from rmkit.config import load_config
 from rmkit.models import load_reward_model
 from rmkit.models.setup import resolve_model_name
-from rmkit.train.recipe import train
+from rmkit.recipes.rm import train
 from tests.train.conftest import REPO_ROOT
 
 

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import yaml
 
-from rmkit.evaluate import DEFAULT_MAX_LENGTH, default_max_length
+from rmkit.cli.eval import DEFAULT_MAX_LENGTH, default_max_length
 
 
 def _model(max_positions):

@@ -10,7 +10,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 from rmkit.config import load_config
 from rmkit.models import compute_rewards, load_reward_model
 from rmkit.models.setup import prepare_model
-from rmkit.train.export import export_model, reward_stats
+from rmkit.trainer.export import export_model, reward_stats
 
 TEXTS = ["What is 2 plus 2? It is 4.", "Hi", "A longer text that certainly has more tokens than the others do."]
 

@@ -1,6 +1,6 @@
 """Experiment-tracker backends: Weights & Biases and MLflow, each imported only when enabled.
 
-metrics.jsonl and TensorBoard live in `rmkit.train.logging`; these two sit next to them with the same
+metrics.jsonl and TensorBoard live in `rmkit.trainer.run_log`; these two sit next to them with the same
 small interface, `log(metrics, step)` and `close()`, and are built by `build_loggers` on rank 0 only.
 
     logger:
@@ -15,54 +15,16 @@ import math
 import os
 import re
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from rmkit.config import MlflowConfig, WandbConfig
 from rmkit.errors import ConfigError
 
 
-@dataclass
-class WandbConfig:
-    """Weights & Biases run settings (`logger.wandb`)."""
+class TrackerBackend(Protocol):
+    """What `RunLogger` forwards every logged record to (W&B, MLflow)."""
 
-    enabled: bool = False
-    """Log every metric to a W&B run."""
-    project: str = "rmkit"
-    """W&B project name."""
-    name: str | None = None
-    """Run name; None lets W&B pick one."""
-    entity: str | None = None
-    """W&B team or user; None uses the logged-in default."""
-    mode: str | None = None
-    """"online", "offline" (files only, no network; `wandb sync` uploads them later) or "disabled";
-    None follows the WANDB_MODE environment variable, else W&B's default (online)."""
-    dir: str | None = None
-    """Where W&B writes its files; None uses `<logger.log_dir>`."""
-    tags: list[str] = field(default_factory=list)
-    """Tags attached to the run."""
-
-    def __post_init__(self):
-        if self.mode not in (None, "online", "offline", "disabled"):
-            raise ConfigError("logger.wandb.mode", f"must be online, offline or disabled, got {self.mode!r}")
-
-
-@dataclass
-class MlflowConfig:
-    """MLflow run settings (`logger.mlflow`)."""
-
-    enabled: bool = False
-    """Log every metric and the config to an MLflow run."""
-    tracking_uri: str | None = None
-    """MLflow tracking URI: `file:<dir>` for a local file store, `sqlite:///<file>` for a local
-    database, or a server `http://host:5000`; None uses `file:<logger.log_dir>/mlruns`."""
-    experiment_name: str = "rmkit"
-    """The experiment the run belongs to (created when missing)."""
-    run_name: str | None = None
-    """Run name; None lets MLflow pick one."""
-
-
-class MetricsLogger(Protocol):
     def log(self, metrics: dict, step: int) -> None: ...
 
     def close(self) -> None: ...

@@ -12,11 +12,11 @@ import sys
 from rmkit.errors import UserError
 
 SUBCOMMANDS = {
-    "train": ("rmkit.train.cli", "train a reward model from a YAML config"),
-    "eval": ("rmkit.evaluate", "validation metrics of a model directory on a preference file"),
-    "score": ("rmkit.score", "write each record of a file back with its reward(s)"),
-    "serve": ("rmkit.serve.cli", "HTTP scoring server for RL trainers"),
-    "data": ("rmkit.data.cli", "check and inspect preference data files"),
+    "train": ("rmkit.cli.train", "train a reward model from a YAML config"),
+    "eval": ("rmkit.cli.eval", "validation metrics of a model directory on a preference file"),
+    "score": ("rmkit.cli.score", "write each record of a file back with its reward(s)"),
+    "serve": ("rmkit.cli.serve", "HTTP scoring server for RL trainers"),
+    "data": ("rmkit.cli.data", "check and inspect preference data files"),
 }
 
 USAGE = "usage: rmkit {" + ",".join(SUBCOMMANDS) + "} ...\n\n" + "\n".join(

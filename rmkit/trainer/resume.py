@@ -1,6 +1,6 @@
 """What the training loop does with checkpoints: find the one to resume, restore it, save and prune.
 
-The files themselves are `rmkit.train.checkpoint`'s business; this module knows the loop's pieces
+The files themselves are `rmkit.trainer.checkpoint`'s business; this module knows the loop's pieces
 (model, optimizer, scheduler, sampler, step, epoch, per-rank RNG, the metrics log) and the
 `checkpointing` config. Every function is called on all ranks; only rank 0 touches the disk.
 """
@@ -16,7 +16,7 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.errors import ConfigError
-from rmkit.train.checkpoint import (
+from rmkit.trainer.checkpoint import (
     capture_rng_state,
     latest_valid_checkpoint,
     list_checkpoints,

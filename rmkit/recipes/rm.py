@@ -20,21 +20,22 @@ from rmkit.config import Config, config_to_dict, save_config
 from rmkit.models import load_reward_model, load_tokenizer
 from rmkit.models.reward import ensure_pad_token
 from rmkit.models.setup import RewardForward, prepare_model, resolve_model_name, trainable_model
-from rmkit.train.datasets import item_tokens, load_run_data, make_sampler
-from rmkit.train.export import export_model, reward_stats
-from rmkit.train.loggers import build_loggers
-from rmkit.train.logging import MetricsLogger, NullLogger, ProgressBar, StepWindow
-from rmkit.train.plots import plot_reward_histograms, plot_training_curves
-from rmkit.train.resume import (
+from rmkit.recipes.rm_step import STEPS, optimizer_step
+from rmkit.trainer.export import export_model, reward_stats
+from rmkit.trainer.plots import plot_reward_histograms, plot_training_curves
+from rmkit.trainer.progress import ProgressBar, StepWindow
+from rmkit.trainer.resume import (
     resolve_resume,
     restore_rng,
     restore_training_state,
     rewind_metrics_log,
     save_training_checkpoint,
 )
-from rmkit.train.state import TrainState, build_optimizer, build_scheduler, seed_everything, set_threads
-from rmkit.train.step import STEPS, optimizer_step
-from rmkit.train.validate import validate, validate_regression
+from rmkit.trainer.run_data import item_tokens, load_run_data, make_sampler
+from rmkit.trainer.run_log import NullLogger, RunLogger
+from rmkit.trainer.state import TrainState, build_optimizer, build_scheduler, seed_everything, set_threads
+from rmkit.trainer.trackers import build_loggers
+from rmkit.trainer.validate import validate, validate_regression
 
 
 class TrainingDiverged(RuntimeError):
@@ -68,7 +69,7 @@ def load_model(cfg: Config, device: torch.device):
     return model, tokenizer
 
 
-def run_validation(cfg: Config, model, data, pad_id: int, logger: MetricsLogger, step: int):
+def run_validation(cfg: Config, model, data, pad_id: int, logger: RunLogger, step: int):
     """Validate on every set, log `validation-<name>/<metric>`, return `(metrics, rewards)`."""
     reader = trainable_model(model)
     max_items = cfg.rm.val_batches * cfg.rm.val_global_batch_size if cfg.rm.val_batches else None
@@ -90,7 +91,7 @@ def open_logger(cfg: Config, log_dir: Path, resumed_step: int | None, finished: 
     resumed = resumed_step is not None
     history = rewind_metrics_log(log_dir / "metrics.jsonl", resumed_step, finished) if resumed else []
     backends = build_loggers(cfg.logger.wandb, cfg.logger.mlflow, log_dir, config_to_dict(cfg))
-    logger = MetricsLogger(log_dir, tensorboard=cfg.logger.tensorboard, backends=backends,
+    logger = RunLogger(log_dir, tensorboard=cfg.logger.tensorboard, backends=backends,
                            purge_step=resumed_step + 1 if resumed else None)
     logger.history = history
     return logger

@@ -1,6 +1,6 @@
 """The loop's state in one place, and the pieces it is built from (threads, seeds, optimizer, schedule).
 
-`rmkit.train.checkpoint` saves and restores a `TrainState` (with every rank's RNG) exactly.
+`rmkit.trainer.checkpoint` saves and restores a `TrainState` (with every rank's RNG) exactly.
 """
 
 from __future__ import annotations

@@ -12,11 +12,11 @@ import json
 import sys
 from pathlib import Path
 
+from rmkit.cli.eval import add_model_arguments, load_for_inference
 from rmkit.data.readers import RawRecord, read_records
 from rmkit.data.tokenize import fit_example
 from rmkit.data.validate import text_or_messages
 from rmkit.errors import DataError
-from rmkit.evaluate import add_model_arguments, load_for_inference
 from rmkit.models import score_sequences
 from rmkit.models.setup import autocast
 

@@ -15,7 +15,7 @@ from rmkit.data import FORMATS, load_preference_data, write_rejects
 from rmkit.data.tokenize import tokenize_pairs
 from rmkit.errors import ConfigError
 from rmkit.models import load_reward_model
-from rmkit.train.validate import pair_metrics, score_pairs
+from rmkit.trainer.validate import pair_metrics, score_pairs
 
 DEFAULT_MAX_LENGTH = 2048
 

@@ -18,7 +18,7 @@ from rmkit.data.tokenize import TokenizedExample, TokenizedPair
 from rmkit.distributed import all_reduce_sum, sync_gradients
 from rmkit.models.scoring import pad_right
 from rmkit.models.setup import autocast
-from rmkit.train.objectives import bradley_terry_loss, regression_loss, valid_label_count
+from rmkit.recipes.objectives import bradley_terry_loss, regression_loss, valid_label_count
 
 
 def _micro_batches(items: Sequence, micro_size: int, length: Callable) -> list[list]:

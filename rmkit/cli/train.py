@@ -44,7 +44,7 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     cfg = load_config(args.config, args.overrides + (["checkpointing.resume=auto"] if args.resume else []))
 
-    from rmkit.train.recipe import TrainingDiverged, train  # heavy imports only once the config is valid
+    from rmkit.recipes.rm import TrainingDiverged, train  # heavy imports only once the config is valid
 
     try:
         result = train(cfg)
