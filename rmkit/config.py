@@ -214,6 +214,9 @@ class DataConfig:
     """Field holding the regression label(s)."""
     overlong: Literal["truncate", "drop"] = "truncate"
     """Sequences over `policy.max_total_sequence_length`: keep the response end (`truncate`) or `drop`."""
+    pair_truncation: Literal["shared_prompt", "per_text"] = "shared_prompt"
+    """How `truncate` cuts a training pair: `shared_prompt` keeps the same prompt tokens on both sides;
+    `per_text` cuts each side on its own, as every scoring path (validation included) always does."""
     on_error: Literal["raise", "skip"] = "raise"
     """Bad records: stop with a message naming file:line:field, or skip them (written to `rejects.jsonl`)."""
     batching: Literal["length_grouped", "random"] = "length_grouped"

@@ -17,13 +17,13 @@ from typing import Any, NamedTuple
 import torch
 
 from rmkit.errors import ConfigError
+from rmkit.inference import DTYPES
 
 # NeMo RL config keys accepted for compatibility and ignored here (resources are the trainer's business).
 IGNORED_KEYS = {"enabled", "tokenizer", "resources", "reward_model_cfg", "dtensor_cfg", "precision"}
 ENGINE_KEYS = {"device", "dtype", "max_batch_tokens", "max_batch_size", "max_length", "overlong",
                "normalize", "attribute_weights"}
 CLIENT_KEYS = {"api_key", "timeout", "max_retries", "batch_size", "concurrency"}
-PRECISIONS = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 class EnvironmentReturn(NamedTuple):
@@ -64,9 +64,9 @@ class RewardModelEnvironment:
 
             kwargs = {k: config[k] for k in ENGINE_KEYS if k in config}
             dtype = kwargs.pop("dtype", config.get("precision", "float32"))
-            if dtype not in PRECISIONS:
-                raise ConfigError("env.dtype", f"must be one of {sorted(PRECISIONS)}, got {dtype!r}")
-            self.engine = ScoringEngine(config["model_name"], dtype=PRECISIONS[dtype], **kwargs)
+            if dtype not in DTYPES:
+                raise ConfigError("env.dtype", f"must be one of {sorted(DTYPES)}, got {dtype!r}")
+            self.engine = ScoringEngine(config["model_name"], dtype=dtype, **kwargs)
             if self.engine.scalar_rewards(torch.zeros(1, self.engine.num_labels)) is None:
                 raise ConfigError("env.attribute_weights", "a regression model needs weights for one reward")
 

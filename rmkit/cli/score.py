@@ -14,11 +14,9 @@ from pathlib import Path
 
 from rmkit.cli.eval import add_model_arguments, load_for_inference
 from rmkit.data.readers import RawRecord, read_records
-from rmkit.data.tokenize import fit_example
+from rmkit.data.tokenize import canonical_input
 from rmkit.data.validate import text_or_messages
 from rmkit.errors import DataError
-from rmkit.models import score_sequences
-from rmkit.models.setup import autocast
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -33,8 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def record_sequences(record: RawRecord, args: argparse.Namespace, tokenizer, max_length: int):
-    """`(output_keys, token id lists, truncated)` of one record."""
+def record_inputs(record: RawRecord, args: argparse.Namespace) -> tuple[list[str], list]:
+    """`(output_keys, inputs)` of one record: a text or conversation per reward to write."""
     prompt = text_or_messages(record, args.prompt_key)
     if args.chosen_key in record.data and args.rejected_key in record.data:
         keys = ["reward_chosen", "reward_rejected"]
@@ -43,26 +41,25 @@ def record_sequences(record: RawRecord, args: argparse.Namespace, tokenizer, max
         keys = ["reward"]
         response = record.data.get(args.response_key)
         responses = [text_or_messages(record, args.response_key) if response is not None else None]
-    ids, cut = fit_example(tokenizer, prompt, responses, max_length)
-    return keys, ids, cut
+    return keys, [canonical_input(prompt, response) for response in responses]
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    model, tokenizer, max_length = load_for_inference(args)
-    records, sequences, slots, truncated = [], [], [], 0
+    scorer = load_for_inference(args)
+    records, inputs, slots = [], [], []
     for item in read_records(args.input):
         if isinstance(item, DataError):
             raise item
-        keys, ids, cut = record_sequences(item, args, tokenizer, max_length)
-        truncated += cut
-        slots.append([(key, len(sequences) + i) for i, key in enumerate(keys)])
-        sequences.extend(ids)
+        keys, values = record_inputs(item, args)
+        slots.append([(key, len(inputs) + i) for i, key in enumerate(keys)])
+        inputs.extend(values)
         records.append(item.data)
     if not records:
         raise DataError(args.input, None, None, "no records to score")
-    with autocast(args.precision, next(model.parameters()).device):
-        rewards = score_sequences(model, sequences, tokenizer.pad_token_id, max_batch_tokens=args.batch_tokens)
+    encoded = scorer.encode(inputs)  # each input cut on its own: a reward never depends on its partner
+    truncated = sum(full_length > len(ids) for ids, full_length in encoded)
+    rewards = scorer.score_ids([ids for ids, _ in encoded])
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)
     with open(args.output, "w", encoding="utf-8") as out:
         for record, record_slots in zip(records, slots):
@@ -70,6 +67,6 @@ def main(argv: list[str]) -> int:
                 values = rewards[index].tolist()
                 record[key] = values[0] if len(values) == 1 else values
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
-    note = f" ({truncated} truncated to {max_length} tokens)" if truncated else ""
+    note = f" ({truncated} inputs truncated to {scorer.max_length} tokens)" if truncated else ""
     print(f"rmkit score: wrote {len(records)} records to {args.output}{note}", file=sys.stderr)
     return 0

@@ -9,11 +9,8 @@ import signal
 import sys
 from pathlib import Path
 
-import torch
-
 from rmkit.errors import ConfigError
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from rmkit.inference import DTYPES
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,9 +25,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-batch-size", type=int, default=256, help="rows per forward pass")
     p.add_argument("--batch-window-ms", type=float, default=5.0,
                    help="how long a request waits for others to share its batch")
-    p.add_argument("--max-length", type=int, default=None, help="longest input in tokens (default: model's)")
+    p.add_argument("--max-length", type=int, default=None,
+                   help="longest input in tokens (default: the model's scoring_contract.json, as eval and score)")
     p.add_argument("--overlong", choices=("truncate", "refuse"), default="truncate",
-                   help="inputs over --max-length: keep the first tokens, or answer 400")
+                   help="inputs over --max-length: cut as every rmkit path cuts them (oldest conversation "
+                        "turns first, then keep the leading special tokens and the END), or answer 400")
     p.add_argument("--max-inputs", type=int, default=1024, help="inputs per request (413 over it)")
     p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024, help="request size (413 over it)")
     p.add_argument("--normalize", action="store_true",
@@ -82,7 +81,7 @@ def _load_engine(args):
     from rmkit.serve.engine import ScoringEngine
 
     return ScoringEngine(
-        args.model, device=args.device, dtype=DTYPES[args.dtype], max_batch_tokens=args.max_batch_tokens,
+        args.model, device=args.device, dtype=args.dtype, max_batch_tokens=args.max_batch_tokens,
         max_batch_size=args.max_batch_size, batch_window_ms=args.batch_window_ms, max_length=args.max_length,
         overlong=args.overlong, normalize=args.normalize, attribute_weights=parse_weights(args.attribute_weights),
     )

@@ -5,13 +5,17 @@ Messages: the tokenizer's chat template (or rmkit's plain "User: ...\\nAssistant
 it has none). BOS is written once: a template that writes BOS itself is tokenized without the
 tokenizer's special tokens, and a text that already starts with BOS does not get a second one.
 
-Over-long examples (`max_length`) follow a policy, never silently:
-- `truncate` (default) keeps the end of the response and as much of the prompt as fits. A chat
-  prompt first loses whole oldest turns (system messages stay, a turn starts at a user message), so
-  the template stays valid; if the last turn alone is still too long, or the prompt is text, the
-  prompt's oldest tokens are cut just after the leading special tokens (BOS / [CLS] / the first
-  template token), which are kept. Both sides of a pair keep exactly the same prompt tokens. A
-  response longer than the whole budget keeps its last tokens (where the reward is read).
+A prompt and its response stand for one input (`canonical_input`): both text -> the text
+`prompt + response`; any messages -> the conversation `prompt messages + response messages` (a text
+prompt is a user message, a text response an assistant message).
+
+Over-long inputs (`max_length`) follow a policy, never silently:
+- `truncate` (default). The scoring rule (`fit_inputs`, every scoring path): an input is cut on its
+  own, whatever it is paired with. A conversation first loses whole oldest turns (system messages stay,
+  a turn starts at a user message), so the template stays valid; what is still too long, and any text,
+  keeps its leading special tokens (BOS / [CLS] / the first template token) and its last tokens (where
+  the reward is read), `max_length` in all. Training pairs may instead keep the same prompt tokens on
+  both sides (`tokenize_pairs(..., truncation="shared_prompt")`, the training default).
 - `drop` removes the example and reports it in `.dropped` as `(source, reason)`.
 """
 
@@ -23,6 +27,7 @@ from dataclasses import dataclass, field
 from rmkit.data.records import Message, PreferencePair, RegressionExample
 
 OVERLONG = ("truncate", "drop")
+PAIR_TRUNCATION = ("shared_prompt", "per_text")
 PLAIN_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
 
 
@@ -98,6 +103,33 @@ def encode_example(tokenizer, prompt: str | list[Message], response: str | list[
 def encode_examples(tokenizer, items: Sequence[tuple]) -> list[list[int]]:
     """`encode_example` of many `(prompt, response)` items at once (batched, same ids)."""
     return encode_rendered(tokenizer, [render_example(tokenizer, p, r) for p, r in items])
+
+
+def canonical_input(prompt: str | list[Message], response: str | list[Message] | None) -> str | list[Message]:
+    """The one input a prompt and its response stand for: `prompt` alone when `response` is None; both
+    text -> `prompt + response`; any messages -> the conversation (text prompt = user message, text
+    response = assistant message). `encode_example(prompt, response)` encodes exactly this."""
+    if response is None:
+        return prompt
+    if isinstance(prompt, str) and isinstance(response, str):
+        return prompt + response
+    return as_messages(prompt, "user") + as_messages(response, "assistant")
+
+
+def fit_inputs(tokenizer, inputs: Sequence[str | list[Message]], max_length: int) -> list[tuple[list[int], int]]:
+    """The scoring rule: `(ids, full_length)` of each text or conversation, at most `max_length` tokens,
+    each cut on its own (module docstring); `full_length > len(ids)` where it was cut. Batched."""
+    encoded = encode_examples(tokenizer, [(value, None) for value in inputs])
+    out = []
+    for value, ids in zip(inputs, encoded):
+        full_length = len(ids)
+        if full_length > max_length and isinstance(value, list):
+            for shorter in _oldest_turns_dropped(value):
+                ids = encode_example(tokenizer, shorter, None)
+                if len(ids) <= max_length:
+                    break
+        out.append((keep_end(tokenizer, ids, max_length), full_length))
+    return out
 
 
 @dataclass(frozen=True)
@@ -208,20 +240,32 @@ def _check_policy(max_length: int, overlong: str) -> None:
         raise ValueError(f"max_length must be at least 2, got {max_length}")
 
 
-def tokenize_pairs(pairs: Sequence[PreferencePair], tokenizer, max_length: int, overlong: str = "truncate") -> TokenizedPairs:
-    """Token ids for both sides of every pair, at most `max_length` each (see the module docstring)."""
+def tokenize_pairs(pairs: Sequence[PreferencePair], tokenizer, max_length: int, overlong: str = "truncate",
+                   truncation: str = "shared_prompt") -> TokenizedPairs:
+    """Token ids for both sides of every pair, at most `max_length` each (see the module docstring).
+
+    `truncation` (under `overlong="truncate"`): `shared_prompt` cuts a pair's two sides together, so both
+    keep the same prompt tokens (training's default); `per_text` cuts each side on its own with
+    `fit_inputs`, the scoring rule, so a side's ids do not depend on its partner (every scoring path)."""
     _check_policy(max_length, overlong)
+    if truncation not in PAIR_TRUNCATION:
+        raise ValueError(f"truncation must be one of {PAIR_TRUNCATION}, got {truncation!r}")
     out = TokenizedPairs()
-    items = [(pair.prompt, side) for pair in pairs for side in (pair.chosen, pair.rejected)]
-    encoded = encode_examples(tokenizer, items)
+    inputs = [canonical_input(pair.prompt, side) for pair in pairs for side in (pair.chosen, pair.rejected)]
+    if truncation == "per_text":
+        fitted = fit_inputs(tokenizer, inputs, max_length)
+    else:
+        fitted = [(ids, len(ids)) for ids in encode_examples(tokenizer, [(value, None) for value in inputs])]
     for k, pair in enumerate(pairs):
-        ids = encoded[2 * k: 2 * k + 2]
-        if max(map(len, ids)) > max_length:
+        (chosen, chosen_length), (rejected, rejected_length) = fitted[2 * k], fitted[2 * k + 1]
+        ids = [chosen, rejected]
+        if max(chosen_length, rejected_length) > max_length:
             if overlong == "drop":
-                reason = f"longer than max_length {max_length} (chosen {len(ids[0])}, rejected {len(ids[1])} tokens)"
+                reason = f"longer than max_length {max_length} (chosen {chosen_length}, rejected {rejected_length} tokens)"
                 out.dropped.append((pair.source, reason))
                 continue
-            ids, _ = fit_example(tokenizer, pair.prompt, [pair.chosen, pair.rejected], max_length, ids)
+            if truncation == "shared_prompt":
+                ids, _ = fit_example(tokenizer, pair.prompt, [pair.chosen, pair.rejected], max_length, ids)
             out.truncated += 1
         out.pairs.append(TokenizedPair(ids[0], ids[1], pair.margin, pair.source))
     return out
@@ -230,19 +274,16 @@ def tokenize_pairs(pairs: Sequence[PreferencePair], tokenizer, max_length: int, 
 def tokenize_regression(
     examples: Sequence[RegressionExample], tokenizer, max_length: int, overlong: str = "truncate"
 ) -> TokenizedRegression:
-    """Token ids of every regression example, at most `max_length` (same policies as pairs)."""
+    """Token ids of every regression example, at most `max_length`, cut by the scoring rule
+    (`fit_inputs`), or dropped under `overlong="drop"`."""
     _check_policy(max_length, overlong)
     out = TokenizedRegression()
-    encoded = encode_examples(tokenizer, [(e.prompt, e.response) for e in examples])
-    for example, ids in zip(examples, encoded):
-        cut = len(ids) > max_length
+    fitted = fit_inputs(tokenizer, [canonical_input(e.prompt, e.response) for e in examples], max_length)
+    for example, (ids, full_length) in zip(examples, fitted):
+        cut = full_length > max_length
         if cut and overlong == "drop":
-            out.dropped.append((example.source, f"longer than max_length {max_length} ({len(ids)} tokens)"))
+            out.dropped.append((example.source, f"longer than max_length {max_length} ({full_length} tokens)"))
             continue
-        if cut and example.response is None:
-            ids = keep_end(tokenizer, ids, max_length)  # a whole text with no prompt/response split
-        elif cut:
-            (ids,), _ = fit_example(tokenizer, example.prompt, [example.response], max_length, [ids])
         out.truncated += cut
         out.examples.append(TokenizedExample(ids, example.labels, example.source))
     return out

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 from rmkit.data.readers import RawRecord
 from rmkit.data.records import Message
@@ -39,23 +40,30 @@ def text_or_messages(record: RawRecord, key: str, value=_UNSET, allow_empty: boo
 
 def messages(record: RawRecord, key: str, value) -> list[Message]:
     """A non-empty list of messages, each `{"role": str, "content": str}` (extra keys are dropped)."""
+    return check_messages(value, key, record.error)
+
+
+def check_messages(value, key: str, fail: Callable[[str, str], Exception]) -> list[Message]:
+    """The one message check, for data files and server requests alike: `value` must be a non-empty list
+    of `{"role": one of ROLES, "content": str}` with some content; otherwise `fail(field, message)` is
+    raised, `field` naming the place (`key[2].role`)."""
     if not isinstance(value, list):
-        raise record.error(key, f"expected a list of chat messages, got {type(value).__name__}")
+        raise fail(key, f"expected a list of chat messages, got {type(value).__name__}")
     if not value:
-        raise record.error(key, "is an empty list of messages")
+        raise fail(key, "is an empty list of messages")
     checked = []
     for i, message in enumerate(value):
         where = f"{key}[{i}]"
         if not isinstance(message, dict):
-            raise record.error(where, f"expected a message object, got {type(message).__name__}")
+            raise fail(where, f"expected a message object, got {type(message).__name__}")
         role, content = message.get("role"), message.get("content")
         if not isinstance(role, str) or role not in ROLES:
-            raise record.error(f"{where}.role", f"expected one of {', '.join(ROLES)}, got {role!r}")
+            raise fail(f"{where}.role", f"expected one of {', '.join(ROLES)}, got {role!r}")
         if not isinstance(content, str):
-            raise record.error(f"{where}.content", f"expected a string, got {type(content).__name__}")
+            raise fail(f"{where}.content", f"expected a string, got {type(content).__name__}")
         checked.append({"role": role, "content": content})
     if not any(m["content"].strip() for m in checked):
-        raise record.error(key, "every message is empty")
+        raise fail(key, "every message is empty")
     return checked
 
 

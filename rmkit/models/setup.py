@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import warnings
 from pathlib import Path
 
 import torch
@@ -102,7 +103,23 @@ def apply_lora(model: PreTrainedModel, r: int, alpha: int, dropout: float, targe
         task_type=TaskType.SEQ_CLS, r=r, lora_alpha=alpha, lora_dropout=dropout,
         target_modules=target_modules or "all-linear", modules_to_save=head_module_names(model),
     )
-    return get_peft_model(model, config)
+    with warnings.catch_warnings():  # peft reads transformers' deprecated `is_gradient_checkpointing`
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        return get_peft_model(model, config)
+
+
+def set_activation_checkpointing(model: PreTrainedModel, enabled: bool) -> None:
+    """Recompute activations in backward (non-reentrant), or stop. transformers 5 names this activation
+    checkpointing and warns on the old `gradient_checkpointing_*` methods, which older versions only have."""
+    if hasattr(model, "activation_checkpointing_enable"):
+        if enabled:
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.activation_checkpointing_disable()
+    elif enabled:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_disable()
 
 
 def unwrap(model: torch.nn.Module) -> PreTrainedModel:
@@ -127,7 +144,7 @@ def prepare_model(model: PreTrainedModel, policy) -> torch.nn.Module:
         disable_dropout(model)
     freeze(model, policy.freeze_embeddings, policy.freeze_layers)
     if policy.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        set_activation_checkpointing(model, True)
         model.config.use_cache = False
     if policy.lora.enabled:
         lora = policy.lora

@@ -17,6 +17,7 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.config import Config, config_to_dict, save_config
+from rmkit.inference import RewardScorer, contract_for
 from rmkit.models import load_reward_model, load_tokenizer
 from rmkit.models.reward import ensure_pad_token
 from rmkit.models.setup import RewardForward, prepare_model, resolve_model_name, trainable_model
@@ -69,15 +70,14 @@ def load_model(cfg: Config, device: torch.device):
     return model, tokenizer
 
 
-def run_validation(cfg: Config, model, data, pad_id: int, logger: RunLogger, step: int):
+def run_validation(cfg: Config, scorer: RewardScorer, data, logger: RunLogger, step: int):
     """Validate on every set, log `validation-<name>/<metric>`, return `(metrics, rewards)`."""
-    reader = trainable_model(model)
     max_items = cfg.rm.val_batches * cfg.rm.val_global_batch_size if cfg.rm.val_batches else None
     if cfg.policy.reward_model_cfg.reward_model_type == "regression":
-        metrics, rewards = validate_regression(reader, data.val, pad_id, cfg.policy.precision, max_items)
+        metrics, rewards = validate_regression(scorer, data.val, max_items)
         rewards = {name: (r[:, 0], r[:0, 0]) for name, r in rewards.items()}
     else:
-        metrics, rewards = validate(reader, data.val, pad_id, cfg.policy.precision, max_items)
+        metrics, rewards = validate(scorer, data.val, max_items)
     logger.log(metrics, step)
     return metrics, rewards
 
@@ -116,6 +116,11 @@ def train(cfg: Config) -> TrainResult:
 
     # --- model and data (tokenized once)
     model, tokenizer = load_model(cfg, device)
+    # Validation scores through the inference core with the contract the export will write, so the
+    # rewards it reports are the ones `rmkit eval`, `score` and `serve` give the exported model.
+    reader = trainable_model(model)
+    scorer = RewardScorer(reader, tokenizer, contract_for(reader, tokenizer, cfg.policy.max_total_sequence_length),
+                          precision=cfg.policy.precision)
     forward = RewardForward(model)
     if cfg.policy.compile:
         forward.compile(dynamic=True)  # in place: parameter names (and checkpoints) are unchanged
@@ -143,7 +148,7 @@ def train(cfg: Config) -> TrainResult:
           f" with {torch.get_num_threads()} threads, {cfg.policy.precision}", file=sys.stderr)
     val_metrics, val_rewards = saved.get("val_metrics", {}), {}
     if cfg.rm.val_at_start and data.val and not resume_from:
-        val_metrics, val_rewards = run_validation(cfg, model, data, pad_id, logger, state.step)
+        val_metrics, val_rewards = run_validation(cfg, scorer, data, logger, state.step)
         if dist.is_main():
             print(f"rmkit: step 0: {_summary(val_metrics)}", file=sys.stderr)
 
@@ -180,7 +185,7 @@ def train(cfg: Config) -> TrainResult:
                 window = StepWindow()
             last = state.step == steps
             if data.val and cfg.rm.val_period and state.step % cfg.rm.val_period == 0 and not last:
-                val_metrics, val_rewards = run_validation(cfg, model, data, pad_id, logger, state.step)
+                val_metrics, val_rewards = run_validation(cfg, scorer, data, logger, state.step)
                 bar.write(f"rmkit: step {state.step}: {_summary(val_metrics)}")
             ckpt = cfg.checkpointing
             if ckpt.enabled and ckpt.save_period and state.step % ckpt.save_period == 0 and not last:
@@ -191,7 +196,7 @@ def train(cfg: Config) -> TrainResult:
         state.epoch += 1
     bar.close()
     if data.val and (cfg.rm.val_at_end or not val_rewards):
-        val_metrics, val_rewards = run_validation(cfg, model, data, pad_id, logger, state.step)
+        val_metrics, val_rewards = run_validation(cfg, scorer, data, logger, state.step)
         if dist.is_main():
             print(f"rmkit: step {state.step}: {_summary(val_metrics)}", file=sys.stderr)
     if cfg.checkpointing.enabled:  # the last step, with the final validation as its metrics
@@ -201,7 +206,7 @@ def train(cfg: Config) -> TrainResult:
     # --- export and plots (rank 0)
     final_dir = out_dir / "final"
     if dist.is_main():
-        export_model(model, tokenizer, final_dir, cfg, reward_stats(val_rewards))
+        export_model(model, tokenizer, final_dir, cfg, reward_stats(val_rewards), scorer.contract)
     plots = []
     if cfg.logger.plots and dist.is_main():
         plots = [p for p in (plot_training_curves(logger.history, log_dir / "training_curves.png"),

@@ -1,19 +1,19 @@
-"""The scoring engine behind `rmkit serve`, the client-free RL environment and the benchmarks.
+"""The scoring engine behind `rmkit serve` and the in-process RL environment.
 
-One model, one forward at a time. Texts and conversations become token ids only through the data
-contract (`encode_text` / `encode_conversation`), and rewards come only from `score_sequences`, the code
-`rmkit score` runs, so served rewards equal offline ones whatever the batching (up to float rounding).
+One model, one forward at a time. The engine adds request handling to the inference core
+(`rmkit.inference`): input checks that answer 400 (`InputError`), the `refuse` policy for over-long
+inputs, and dynamic batching. Encoding, truncation, batching and reading rewards are the core's, so
+served rewards equal offline ones whatever the batching (up to float rounding).
 
 Dynamic batching (the asyncio path): requests that arrive within `batch_window_ms` of the first waiting
-one are grouped; the group is sorted by length and cut into token-budgeted batches by `score_sequences`
-in a single worker thread, and every request gets its own rows back, in its own order. While a group is
+one are grouped; the group is sorted by length and cut into token-budgeted batches by the core in a
+single worker thread, and every request gets its own rows back, in its own order. While a group is
 in the model, new requests queue up and form the next group.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -21,38 +21,15 @@ from pathlib import Path
 
 import torch
 
-from rmkit.data.tokenize import encode_examples, fit_example, keep_end
+from rmkit.data.validate import check_messages
 from rmkit.errors import ConfigError
-from rmkit.models import load_reward_model, score_sequences
+from rmkit.inference import load_scorer
 
 OVERLONG_CHOICES = ("truncate", "refuse")
-ROLES = ("system", "user", "assistant", "tool")
 
 
 class InputError(ValueError):
     """A request the engine cannot score (empty, over-long, a malformed message); the server says 400."""
-
-
-def _read_stats(model_dir: Path) -> tuple[float, float]:
-    path = model_dir / "reward_stats.json"
-    if not path.is_file():
-        raise ConfigError("normalize", f"{path} is missing; it holds the mean and std used to normalize")
-    try:
-        stats = json.loads(path.read_text())
-        mean, std = float(stats["mean"]), float(stats["std"])
-    except (ValueError, KeyError, TypeError) as err:
-        raise ConfigError("normalize", f"{path} must be {{\"mean\": float, \"std\": float}}: {err}") from err
-    if not std > 0:
-        raise ConfigError("normalize", f"{path}: std must be > 0, got {std}")
-    return mean, std
-
-
-def _model_max_length(model, tokenizer) -> int:
-    """The longest input the model accepts: position embeddings, capped by the tokenizer's own limit."""
-    limits = [getattr(model.config.get_text_config(), "max_position_embeddings", None)]
-    limits.append(getattr(tokenizer, "model_max_length", None))
-    limits = [int(n) for n in limits if isinstance(n, int) and 0 < n < 1_000_000]
-    return min(limits) if limits else 1_000_000
 
 
 class ScoringEngine:
@@ -60,14 +37,14 @@ class ScoringEngine:
 
     Args:
         model_dir: an rmkit export or any HF sequence-classification directory (GGUF included).
-        device, dtype: where and in which precision the model runs.
+        device, dtype: where and in which precision (`rmkit.inference.DTYPES` name) the model runs.
         max_batch_tokens: padded tokens (`rows x longest`) per forward pass.
         max_batch_size: rows per forward pass.
         batch_window_ms: how long the first waiting async request waits for others to join its group.
-        max_length: longest input in tokens (default: the model's maximum).
-        overlong: "truncate" (as the data library does offline: keep the leading special tokens and the
-            end, where the reward is read) or "refuse" (InputError).
-        normalize: divide `(reward - mean)` by `std` from `reward_stats.json` (scalar rewards only).
+        max_length: longest input in tokens (default: the model directory's scoring contract).
+        overlong: "truncate" (the core's one rule: oldest conversation turns first, then the leading
+            special tokens and the last tokens, where the reward is read) or "refuse" (InputError).
+        normalize: serve `(reward - mean) / std` with the contract's reward statistics (scalar rewards).
         attribute_weights: K weights turning a regression model's `[K]` vector into one scalar reward.
     """
 
@@ -75,7 +52,7 @@ class ScoringEngine:
         self,
         model_dir: str | Path,
         device: str = "cpu",
-        dtype: torch.dtype = torch.float32,
+        dtype: str = "float32",
         max_batch_tokens: int = 16384,
         max_batch_size: int = 256,
         batch_window_ms: float = 5.0,
@@ -86,25 +63,22 @@ class ScoringEngine:
     ):
         if overlong not in OVERLONG_CHOICES:
             raise ConfigError("overlong", f"must be one of {OVERLONG_CHOICES}, got {overlong!r}")
-        for key, value in (("max_batch_tokens", max_batch_tokens), ("max_batch_size", max_batch_size)):
-            if value < 1:
-                raise ConfigError(key, f"must be >= 1, got {value}")
         self.model_dir = Path(model_dir)
         self.model_name = self.model_dir.name or str(model_dir)
-        self.model, self.tokenizer = load_reward_model(model_dir, dtype=dtype)
-        self.model.to(device).eval()
-        self.num_labels = int(self.model.config.num_labels)
-        self.labels = [self.model.config.id2label.get(i, f"LABEL_{i}") for i in range(self.num_labels)]
-        self.max_length = max_length or _model_max_length(self.model, self.tokenizer)
-        if self.max_length < 2:
-            raise ConfigError("max_length", f"must be >= 2, got {self.max_length}")
-        self.max_batch_tokens, self.max_batch_size = max_batch_tokens, max_batch_size
+        self.scorer = load_scorer(model_dir, device=device, dtype=dtype, max_length=max_length,
+                                  max_batch_tokens=max_batch_tokens, max_batch_size=max_batch_size)
+        self.tokenizer, self.max_length = self.scorer.tokenizer, self.scorer.max_length
+        config = self.scorer.model.config
+        self.num_labels = int(config.num_labels)
+        self.labels = [config.id2label.get(i, f"LABEL_{i}") for i in range(self.num_labels)]
         self.batch_window_s = batch_window_ms / 1000.0
         self.overlong = overlong
         self.weights = self._check_weights(attribute_weights)
-        self.stats = _read_stats(self.model_dir) if normalize else None
-        if normalize and self.num_labels > 1 and self.weights is None:
-            raise ConfigError("normalize", "a regression model needs attribute weights to normalize a scalar")
+        self.normalize = normalize
+        if normalize:
+            self.scorer.check_normalizable()
+            if self.num_labels > 1 and self.weights is None:
+                raise ConfigError("normalize", "a regression model needs attribute weights to normalize a scalar")
         self.on_batch: Callable[[int, int, int], None] | None = None  # (requests, sequences, tokens)
         self._lock = threading.Lock()  # one model forward at a time, sync and async callers alike
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rmkit-score")
@@ -120,62 +94,44 @@ class ScoringEngine:
 
     # ---- text to ids -------------------------------------------------------------------------------
 
-    def _check_length(self, ids: list[int], index: int) -> bool:
-        """True when `ids` must be cut; InputError when it is empty or over-long under "refuse"."""
-        if not ids:
-            raise InputError(f"input {index} has no tokens")
-        if len(ids) > self.max_length and self.overlong == "refuse":
-            raise InputError(f"input {index} has {len(ids)} tokens, over the maximum of {self.max_length}")
-        return len(ids) > self.max_length
+    def _fit(self, inputs: Sequence) -> tuple[list[list[int]], int]:
+        """The core's ids of each input and how many were cut; InputError under "refuse" for an over-long
+        one, or when one has no tokens."""
+        out, truncated = [], 0
+        for i, (ids, full_length) in enumerate(self.scorer.encode(inputs)):
+            if not ids:
+                raise InputError(f"input {i} has no tokens")
+            if full_length > self.max_length:
+                if self.overlong == "refuse":
+                    raise InputError(f"input {i} has {full_length} tokens, over the maximum of {self.max_length}")
+                truncated += 1
+            out.append(ids)
+        return out, truncated
 
     def encode_texts(self, texts: Sequence[str]) -> tuple[list[list[int]], int]:
-        """Token ids of each text and how many were truncated; raises InputError on a bad one.
-
-        Truncation is the data library's for a whole text: the leading special tokens and the last
-        tokens (where the reward is read), `max_length` in all, as `rmkit score` does offline."""
+        """Token ids of each text and how many were truncated; raises InputError on a bad one."""
         if not texts:
             raise InputError("no inputs to score")
         for i, text in enumerate(texts):
             if not text:
                 raise InputError(f"input {i} is an empty string")
-        out, truncated = [], 0
-        # encode_examples(text, None) is encode_text, batched through the fast tokenizer.
-        for i, ids in enumerate(encode_examples(self.tokenizer, [(text, None) for text in texts])):
-            if self._check_length(ids, i):
-                ids, truncated = keep_end(self.tokenizer, ids, self.max_length), truncated + 1
-            out.append(ids)
-        return out, truncated
+        return self._fit(texts)
 
     def encode_conversations(self, conversations: Sequence[list[dict]]) -> tuple[list[list[int]], int]:
-        """Token ids of each conversation (the model's chat template) and how many were truncated.
-
-        An over-long conversation ending with an assistant turn is cut as the data library cuts a
-        (prompt, response) example: oldest whole turns first, then prompt tokens, keeping the response's
-        end; any other is cut like a text."""
+        """Token ids of each conversation (the model's chat template) and how many were truncated; the
+        messages are checked by the data library's one message check."""
         if not conversations:
             raise InputError("no inputs to score")
-        for i, messages in enumerate(conversations):
-            _check_messages(messages, i)
-        out, truncated = [], 0
-        encoded = encode_examples(self.tokenizer, [(messages, None) for messages in conversations])
-        for i, (messages, ids) in enumerate(zip(conversations, encoded)):
-            if self._check_length(ids, i):
-                truncated += 1
-                if len(messages) > 1 and messages[-1]["role"] == "assistant":
-                    (ids,), _ = fit_example(self.tokenizer, messages[:-1], [messages[-1:]], self.max_length)
-                else:
-                    ids = keep_end(self.tokenizer, ids, self.max_length)
-            out.append(ids)
-        return out, truncated
+        checked = [check_messages(messages, f"conversation {i}", lambda field, message: InputError(f"{field}: {message}"))
+                   for i, messages in enumerate(conversations)]
+        return self._fit(checked)
 
     # ---- scoring -----------------------------------------------------------------------------------
 
     def score_ids(self, sequences: list[list[int]], requests: int = 1) -> torch.Tensor:
-        """Raw rewards `[N, K]` float32 for N token sequences, in order (the offline `score_sequences`)."""
+        """Raw rewards `[N, K]` float32 for N token sequences, in order (the core's `score_ids`)."""
         with self._lock:
-            rewards = score_sequences(
-                self.model, sequences, self.tokenizer.pad_token_id, self.max_batch_tokens, self.max_batch_size
-            )
+            rewards = self.scorer.score_ids(sequences)
         if self.on_batch is not None:
             self.on_batch(requests, len(sequences), sum(len(s) for s in sequences))
         return rewards
@@ -189,18 +145,9 @@ class ScoringEngine:
         return self.score_ids(self.encode_conversations(conversations)[0])
 
     def scalar_rewards(self, rewards: torch.Tensor) -> torch.Tensor | None:
-        """One reward per row `[N]` from raw `[N, K]`: the column when K = 1, else the weighted sum with
-        `attribute_weights` (None without weights); normalized by `reward_stats.json` when asked."""
-        if self.num_labels == 1:
-            scalar = rewards[:, 0]
-        elif self.weights is not None:
-            scalar = rewards @ self.weights
-        else:
-            return None
-        if self.stats is not None:
-            mean, std = self.stats
-            scalar = (scalar - mean) / std
-        return scalar
+        """One reward per row `[N]` from raw `[N, K]` (the core's `scalar` with this engine's weights and
+        normalization); None for a regression model without weights."""
+        return self.scorer.scalar(rewards, self.weights, self.normalize)
 
     # ---- dynamic batching (asyncio) ----------------------------------------------------------------
 
@@ -239,13 +186,3 @@ class ScoringEngine:
 
     def close(self) -> None:
         self._executor.shutdown(wait=True)
-
-
-def _check_messages(messages, index: int) -> None:
-    if not isinstance(messages, list) or not messages:
-        raise InputError(f"conversation {index} must be a non-empty list of messages")
-    for j, message in enumerate(messages):
-        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
-            raise InputError(f"conversation {index} message {j} needs a string 'content'")
-        if message.get("role") not in ROLES:
-            raise InputError(f"conversation {index} message {j}: role must be one of {ROLES}")

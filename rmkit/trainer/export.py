@@ -1,8 +1,9 @@
 """Save the final reward model as a plain Hugging Face model directory.
 
 `<checkpoint_dir>/final/` holds safetensors weights, config, tokenizer (with its chat template),
-`reward_stats.json` (validation reward mean and std, for reward normalization in RL) and
-`rmkit_config.yaml` (the resolved training config). `AutoModelForSequenceClassification.from_pretrained`
+`scoring_contract.json` (how every rmkit path turns an input into a reward: `rmkit.inference`),
+`reward_stats.json` (validation reward mean and std, overall and per set) and `rmkit_config.yaml` (the
+resolved training config). `AutoModelForSequenceClassification.from_pretrained`
 on it reproduces rmkit's rewards: decoders carry a pad token distinct from every real last token.
 """
 
@@ -10,12 +11,14 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 
 from rmkit.config import Config, save_config
-from rmkit.models.setup import unwrap
+from rmkit.inference import ScoringContract, contract_for, model_max_length, write_contract
+from rmkit.models.setup import set_activation_checkpointing, unwrap
 
 REWARD_STATS = "reward_stats.json"
 CONFIG_NAME = "rmkit_config.yaml"
@@ -36,18 +39,26 @@ def reward_stats(rewards: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict:
 
 
 def export_model(model: torch.nn.Module, tokenizer, out_dir: str | Path, cfg: Config | None = None,
-                 stats: dict | None = None) -> Path:
-    """Write `model` (LoRA merged, float32 weights, training wrappers removed) and `tokenizer` to `out_dir`."""
+                 stats: dict | None = None, contract: ScoringContract | None = None) -> Path:
+    """Write `model` (LoRA merged, float32 weights, training wrappers removed), `tokenizer` and the scoring
+    `contract` (with the reward mean and std of `stats`) to `out_dir`. Without a `contract`, the one of
+    `cfg`'s max length (else the model's position limit)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # Merging LoRA rewrites the base weights; merge a copy so the training model stays as it was.
     model = unwrap(copy.deepcopy(model) if hasattr(model, "merge_and_unload") else model)
-    if getattr(model, "is_gradient_checkpointing", False):
-        model.gradient_checkpointing_disable()
+    if any(getattr(m, "gradient_checkpointing", False) for m in model.modules()):
+        set_activation_checkpointing(model, False)  # the saved config should not carry it
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
     if stats is not None:
         (out_dir / REWARD_STATS).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    if contract is None:
+        max_length = cfg.policy.max_total_sequence_length if cfg else model_max_length(model, tokenizer)
+        contract = contract_for(model, tokenizer, max_length)
+    if stats is not None:
+        contract = replace(contract, reward_mean=stats.get("mean"), reward_std=stats.get("std"))
+    write_contract(contract, out_dir)
     if cfg is not None:
         save_config(cfg, out_dir / CONFIG_NAME)
     return out_dir

@@ -30,7 +30,7 @@ class RunData:
     lengths: list[int]
 
 
-def _load_and_tokenize(path: str, cfg: Config, tokenizer, rejects_path: Path, label: str) -> list:
+def _load_and_tokenize(path: str, cfg: Config, tokenizer, rejects_path: Path, label: str, truncation: str) -> list:
     data = cfg.data
     max_length = cfg.policy.max_total_sequence_length
     if cfg.policy.reward_model_cfg.reward_model_type == "regression":
@@ -45,7 +45,7 @@ def _load_and_tokenize(path: str, cfg: Config, tokenizer, rejects_path: Path, la
             resolve_data_path(path), format=data.format, prompt_key=data.prompt_key,
             chosen_key=data.chosen_key, rejected_key=data.rejected_key, on_error=data.on_error,
         )
-        tokenized = tokenize_pairs(loaded.records, tokenizer, max_length, overlong=data.overlong)
+        tokenized = tokenize_pairs(loaded.records, tokenizer, max_length, overlong=data.overlong, truncation=truncation)
         items = tokenized.pairs
     skipped = list(loaded.skipped) + list(tokenized.dropped)
     if dist.is_main():  # every rank loads the same data; one of them reports it
@@ -73,13 +73,15 @@ def item_tokens(item) -> int:
 
 def load_run_data(cfg: Config, tokenizer, out_dir: Path) -> RunData:
     """Load and tokenize `data.train_data_path` and every `data.val_data_paths` entry."""
-    train = _load_and_tokenize(cfg.data.train_data_path, cfg, tokenizer, out_dir / "rejects-train.jsonl", "train")
+    train = _load_and_tokenize(cfg.data.train_data_path, cfg, tokenizer, out_dir / "rejects-train.jsonl", "train",
+                               cfg.data.pair_truncation)
     if not train:
         from rmkit.errors import DataError
 
         raise DataError(cfg.data.train_data_path, None, None, "no usable training records")
     val = {
-        name: _load_and_tokenize(path, cfg, tokenizer, out_dir / f"rejects-{name}.jsonl", f"validation-{name}")
+        # Validation is a scoring path: each side is cut on its own, as eval, score and serve cut it.
+        name: _load_and_tokenize(path, cfg, tokenizer, out_dir / f"rejects-{name}.jsonl", f"validation-{name}", "per_text")
         for name, path in cfg.data.val_data_paths.items()
     }
     return RunData(train=train, val=val, lengths=[item_length(i) for i in train])

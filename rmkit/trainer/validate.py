@@ -1,4 +1,5 @@
-"""Validation: score every chosen and rejected sequence of a set once, then the DESIGN.md metrics."""
+"""Validation: score every chosen and rejected sequence of a set once through the inference core, then the
+reward-model metrics of docs/design.md."""
 
 from __future__ import annotations
 
@@ -8,9 +9,8 @@ from collections.abc import Sequence
 import torch
 
 from rmkit.distributed import all_gather_cat, shard
+from rmkit.inference import RewardScorer
 from rmkit.metrics import reward_model_metrics
-from rmkit.models import score_sequences
-from rmkit.models.setup import autocast
 
 
 def pair_metrics(chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, float]:
@@ -37,47 +37,36 @@ def regression_metrics(predictions: torch.Tensor, labels: torch.Tensor) -> dict[
     return metrics
 
 
-def score_pairs(model, pairs: Sequence, pad_token_id: int, precision: str,
-                max_batch_tokens: int = 16384) -> tuple[torch.Tensor, torch.Tensor]:
-    """`[N, K]` chosen and rejected rewards of tokenized pairs (`.chosen_ids`, `.rejected_ids`).
+def score_pairs(scorer: RewardScorer, pairs: Sequence) -> tuple[torch.Tensor, torch.Tensor]:
+    """`[N, K]` chosen and rejected rewards of tokenized pairs (`.chosen_ids`, `.rejected_ids`), scored by
+    the inference core, as `rmkit eval`, `rmkit score` and `rmkit serve` score them.
 
     Under data parallelism each rank scores its contiguous share and the rewards are gathered in rank
     order, so every rank returns all N rows in the original order."""
-    sequences = [ids for p in shard(pairs) for ids in (p.chosen_ids, p.rejected_ids)]  # interleaved
-    device = next(model.parameters()).device
-    was_training = model.training
-    model.eval()
-    with autocast(precision, device):
-        rewards = score_sequences(model, sequences, pad_token_id, max_batch_tokens=max_batch_tokens)
-    model.train(was_training)
+    rewards = scorer.score_ids([ids for p in shard(pairs) for ids in (p.chosen_ids, p.rejected_ids)])  # interleaved
     return all_gather_cat(rewards[0::2]), all_gather_cat(rewards[1::2])
 
 
-def validate(model, val_sets: dict[str, Sequence], pad_token_id: int, precision: str,
+def validate(scorer: RewardScorer, val_sets: dict[str, Sequence],
              max_pairs: int | None) -> tuple[dict[str, float], dict[str, tuple[torch.Tensor, torch.Tensor]]]:
     """Metrics `validation-<name>/<metric>` over every set (its first `max_pairs` pairs), and the rewards."""
     metrics, rewards = {}, {}
     for name, pairs in val_sets.items():
         pairs = pairs[:max_pairs] if max_pairs is not None else pairs
-        chosen, rejected = score_pairs(model, pairs, pad_token_id, precision)
+        chosen, rejected = score_pairs(scorer, pairs)
         rewards[name] = (chosen[:, 0], rejected[:, 0])
         for key, value in pair_metrics(chosen[:, 0], rejected[:, 0]).items():
             metrics[f"validation-{name}/{key}"] = value
     return metrics, rewards
 
 
-def validate_regression(model, val_sets: dict[str, Sequence], pad_token_id: int, precision: str,
+def validate_regression(scorer: RewardScorer, val_sets: dict[str, Sequence],
                         max_examples: int | None) -> tuple[dict[str, float], dict[str, torch.Tensor]]:
     """Regression counterpart of `validate` (examples with `.input_ids` and `.labels`)."""
     metrics, rewards = {}, {}
-    device = next(model.parameters()).device
     for name, examples in val_sets.items():
         examples = examples[:max_examples] if max_examples is not None else examples
-        model.eval()
-        with autocast(precision, device):
-            predictions = score_sequences(model, [e.input_ids for e in shard(examples)], pad_token_id)
-        model.train()
-        predictions = all_gather_cat(predictions)
+        predictions = all_gather_cat(scorer.score_ids([e.input_ids for e in shard(examples)]))
         labels = torch.tensor([list(e.labels) for e in examples], dtype=torch.float64)
         rewards[name] = predictions
         for key, value in regression_metrics(predictions, labels).items():

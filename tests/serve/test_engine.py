@@ -92,9 +92,9 @@ def test_bad_inputs_raise_input_error(engine):
         engine.encode_texts([])
     with pytest.raises(InputError, match="input 0 is an empty string"):
         engine.encode_texts([""])
-    with pytest.raises(InputError, match="message 0: role"):
+    with pytest.raises(InputError, match=r"conversation 0\[0\]\.role: expected one of system, user"):
         engine.encode_conversations([[{"role": "robot", "content": "hi"}]])
-    with pytest.raises(InputError, match="needs a string 'content'"):
+    with pytest.raises(InputError, match=r"conversation 0\[0\]\.content: expected a string"):
         engine.encode_conversations([[{"role": "user", "content": 3}]])
 
 
@@ -149,3 +149,10 @@ def test_cli_reports_bad_arguments_without_a_traceback(tmp_path, bt_model_dir, c
     assert "cannot load" in capsys.readouterr().err
     assert main(["serve", "--model", str(bt_model_dir), "--attribute-weights", "a,b"]) == 2
     assert main(["serve", "--model", str(bt_model_dir), "--max-inputs", "0"]) == 2
+
+
+def test_roles_are_the_data_librarys(engine):
+    """One role list: a `developer` message that training data may hold is scored here too."""
+    conversation = [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hello"},
+                    {"role": "assistant", "content": "hello world"}]
+    assert engine.score_conversations([conversation]).shape == (1, 1)

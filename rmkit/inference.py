@@ -1,0 +1,241 @@
+"""The inference core: the one way a reward-model directory and an input become a reward.
+
+Every scoring path goes through here: validation during training, `rmkit eval`, `rmkit score`,
+`rmkit serve`, `RewardModelEnvironment` (in process, and remotely through the server), `rmkit parity` and
+the benchmarks. It owns
+- the scoring contract (`ScoringContract`): max length, truncation rule, chat template, special tokens,
+  padding side, where the reward is read, reward mean/std. The export writes it into the model directory
+  as `scoring_contract.json` and every path reads it, so they agree with no flags;
+- loading a model directory with its contract (`load_scorer`);
+- encoding: an input is a text or a conversation (`data.tokenize.canonical_input` turns a prompt and a
+  response into one), cut on its own by the one truncation rule (`data.tokenize.fit_inputs`), so a text's
+  reward never depends on what it is paired or batched with;
+- token-budgeted batching and reading the head (`models.scoring.score_sequences`);
+- turning raw `[N, K]` head outputs into one scalar per input (attribute weights, normalization).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+
+import torch
+import yaml
+
+from rmkit.data.records import Message
+from rmkit.data.tokenize import TokenizedPairs, fit_inputs, tokenize_pairs
+from rmkit.errors import ConfigError
+from rmkit.models.reward import load_reward_model, uses_last_token_pooling
+from rmkit.models.scoring import score_sequences
+from rmkit.models.setup import autocast
+
+CONTRACT_FILE = "scoring_contract.json"
+CONTRACT_VERSION = 1
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+UNBOUNDED = 1_000_000  # a position limit above this is a tokenizer's "no limit" placeholder
+
+
+@dataclass(frozen=True)
+class ScoringContract:
+    """How inputs become rewards for one model directory (`scoring_contract.json`)."""
+
+    max_length: int
+    """Tokens per input; a longer input is cut by `truncation`."""
+    truncation: str = "oldest_turns_then_keep_end"
+    """A conversation loses whole oldest turns (system messages stay); then any input keeps its leading
+    special tokens and its last tokens, `max_length` in all. Each input is cut on its own."""
+    chat_template: str = "tokenizer"
+    """`tokenizer`: messages go through the chat template saved with the tokenizer; `plain`: the tokenizer
+    has none and rmkit renders "User: ...\\nAssistant: ..."."""
+    chat_template_sha256: str | None = None
+    """SHA-256 of the chat template text (None for `plain`); a tokenizer whose template differs is refused."""
+    special_tokens: str = "tokenizer_once"
+    """The tokenizer's special tokens are added ([CLS] .. [SEP], BOS ..) unless the rendered text already
+    starts with them: BOS appears once."""
+    padding_side: str = "right"
+    """Batches pad on the right; padding never changes a reward."""
+    reward_position: str = "last_real_token"
+    """`last_real_token` (decoders: the last position the attention mask marks real) or `first_token`
+    (encoders: the [CLS] pooler)."""
+    num_labels: int = 1
+    """Head outputs K per input."""
+    reward_mean: float | None = None
+    """Mean of the validation rewards at export (`--normalize` serves `(r - mean) / std`)."""
+    reward_std: float | None = None
+    """Their unbiased standard deviation."""
+    version: int = CONTRACT_VERSION
+    """Format version of this file."""
+
+
+def template_sha256(tokenizer) -> str | None:
+    template = getattr(tokenizer, "chat_template", None)
+    return hashlib.sha256(template.encode("utf-8")).hexdigest() if isinstance(template, str) else None
+
+
+def model_max_length(model, tokenizer) -> int:
+    """The longest input the model accepts: its position embeddings, capped by the tokenizer's own limit."""
+    limits = [getattr(model.config.get_text_config(), "max_position_embeddings", None),
+              getattr(tokenizer, "model_max_length", None)]
+    limits = [int(n) for n in limits if isinstance(n, int) and 0 < n < UNBOUNDED]
+    return min(limits) if limits else UNBOUNDED
+
+
+def contract_for(model, tokenizer, max_length: int, stats: dict | None = None) -> ScoringContract:
+    """The contract of `model` + `tokenizer` scored at `max_length` tokens; `stats` (`reward_stats.json`'s
+    `mean` / `std`) fill the reward statistics."""
+    stats = stats or {}
+    sha = template_sha256(tokenizer)
+    return ScoringContract(
+        max_length=int(max_length), chat_template="tokenizer" if sha else "plain", chat_template_sha256=sha,
+        reward_position="last_real_token" if uses_last_token_pooling(model) else "first_token",
+        num_labels=int(model.config.num_labels), reward_mean=stats.get("mean"), reward_std=stats.get("std"),
+    )
+
+
+def write_contract(contract: ScoringContract, model_dir: str | Path) -> Path:
+    path = Path(model_dir) / CONTRACT_FILE
+    path.write_text(json.dumps(asdict(contract), indent=2) + "\n", encoding="utf-8")
+    return path
+
+
+def read_contract(model_dir: str | Path, model, tokenizer) -> ScoringContract:
+    """The directory's `scoring_contract.json`, checked against the model and tokenizer loaded from it.
+
+    A directory without one (any Hugging Face classifier, or an rmkit export that predates the contract)
+    gets the contract derived from the model: the training run's max length when `rmkit_config.yaml`
+    records it, else the model's position limit; reward statistics from `reward_stats.json` if present."""
+    model_dir = Path(model_dir)
+    path = model_dir / CONTRACT_FILE
+    if not path.is_file():
+        return contract_for(model, tokenizer, _legacy_max_length(model_dir, model, tokenizer),
+                            _read_json(model_dir / "reward_stats.json"))
+    values = _read_json(path)
+    known = {f.name for f in fields(ScoringContract)}
+    unknown = sorted(set(values) - known)
+    if unknown or not isinstance(values.get("max_length"), int) or values["max_length"] < 2:
+        problem = f"unknown key '{unknown[0]}'" if unknown else "'max_length' must be an integer >= 2"
+        raise ConfigError("model", f"{path}: {problem}")
+    contract = ScoringContract(**values)
+    if contract.chat_template_sha256 != template_sha256(tokenizer):
+        raise ConfigError("model", f"{path}: the tokenizer's chat template is not the one this model was "
+                                   "exported with (chat_template_sha256 differs); restore the exported "
+                                   "tokenizer_config.json / chat_template.jinja")
+    if contract.num_labels != model.config.num_labels:
+        raise ConfigError("model", f"{path}: num_labels {contract.num_labels} but the model has "
+                                   f"{model.config.num_labels} outputs")
+    return contract
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        values = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ConfigError("model", f"{path} is not valid JSON: {err}") from None
+    if not isinstance(values, dict):
+        raise ConfigError("model", f"{path} must hold a JSON object")
+    return values
+
+
+def _legacy_max_length(model_dir: Path, model, tokenizer) -> int:
+    limit = model_max_length(model, tokenizer)
+    config = model_dir / "rmkit_config.yaml"
+    if config.is_file():
+        recorded = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("policy", {})
+        if isinstance(recorded.get("max_total_sequence_length"), int):
+            return min(recorded["max_total_sequence_length"], limit)
+    return limit
+
+
+class RewardScorer:
+    """A reward model, its tokenizer and its contract: inputs in, rewards out.
+
+    Args:
+        model: a transformers sequence classifier (the peft base model during training).
+        tokenizer: its tokenizer (pad token set, right padding).
+        contract: the scoring contract (`read_contract` / `contract_for`).
+        precision: `bfloat16` runs under bf16 autocast; weights stay as loaded.
+        max_batch_tokens: padded tokens (`rows x longest`) per forward pass.
+        max_batch_size: rows per forward pass.
+    """
+
+    def __init__(self, model, tokenizer, contract: ScoringContract, precision: str = "float32",
+                 max_batch_tokens: int = 16384, max_batch_size: int = 256):
+        for key, value in (("max_batch_tokens", max_batch_tokens), ("max_batch_size", max_batch_size)):
+            if value < 1:
+                raise ConfigError(key, f"must be >= 1, got {value}")
+        self.model, self.tokenizer, self.contract = model, tokenizer, contract
+        self.precision, self.max_batch_tokens, self.max_batch_size = precision, max_batch_tokens, max_batch_size
+
+    @property
+    def max_length(self) -> int:
+        return self.contract.max_length
+
+    def encode(self, inputs: Sequence[str | list[Message]]) -> list[tuple[list[int], int]]:
+        """`(ids, full_length)` per text or conversation, cut on its own to the contract's max length."""
+        return fit_inputs(self.tokenizer, inputs, self.max_length)
+
+    def encode_pairs(self, pairs: Sequence) -> TokenizedPairs:
+        """Both sides of every `PreferencePair`, each side cut on its own (`.truncated` counts pairs cut)."""
+        return tokenize_pairs(pairs, self.tokenizer, self.max_length, truncation="per_text")
+
+    def score_ids(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Raw rewards `[N, K]` float32 (CPU) of N token sequences, in order; the model's train/eval mode
+        is restored afterwards."""
+        device = next(self.model.parameters()).device
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with autocast(self.precision, device):
+                return score_sequences(self.model, sequences, self.tokenizer.pad_token_id,
+                                       self.max_batch_tokens, self.max_batch_size)
+        finally:
+            self.model.train(was_training)
+
+    def score(self, inputs: Sequence[str | list[Message]]) -> torch.Tensor:
+        """Raw rewards `[N, K]` of N texts or conversations."""
+        return self.score_ids([ids for ids, _ in self.encode(inputs)])
+
+    def scalar(self, raw: torch.Tensor, weights: torch.Tensor | None = None,
+               normalize: bool = False) -> torch.Tensor | None:
+        """One reward per row `[N]` from raw `[N, K]`: the column when K = 1, else the weighted sum with
+        `weights` `[K]` (None without them); `normalize` gives `(r - reward_mean) / reward_std`."""
+        if raw.shape[1] == 1:
+            scalar = raw[:, 0]
+        elif weights is not None:
+            scalar = raw @ weights
+        else:
+            return None
+        if normalize:
+            scalar = (scalar - self.contract.reward_mean) / self.contract.reward_std
+        return scalar
+
+    def check_normalizable(self) -> None:
+        """ConfigError unless the contract holds a usable reward mean and std."""
+        mean, std = self.contract.reward_mean, self.contract.reward_std
+        if mean is None or std is None:
+            raise ConfigError("normalize", "the model directory has no reward mean/std (scoring_contract.json "
+                                           "reward_mean/reward_std; reward_stats.json is missing)")
+        if not std > 0:
+            raise ConfigError("normalize", f"reward_std must be > 0, got {std}")
+
+
+def load_scorer(model_dir: str | Path, device: str | torch.device = "cpu", dtype: str = "float32",
+                precision: str = "float32", max_length: int | None = None, **batching) -> RewardScorer:
+    """Load a model directory (an rmkit export, any HF sequence classifier, GGUF too) for scoring.
+
+    `max_length` overrides the contract's (an explicit choice; the default agrees on every path)."""
+    if dtype not in DTYPES:
+        raise ConfigError("dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    model, tokenizer = load_reward_model(model_dir, dtype=DTYPES[dtype])
+    model.to(device).eval()
+    contract = read_contract(model_dir, model, tokenizer)
+    if max_length is not None:
+        if max_length < 2:
+            raise ConfigError("max_length", f"must be >= 2, got {max_length}")
+        contract = replace(contract, max_length=max_length)
+    return RewardScorer(model, tokenizer, contract, precision=precision, **batching)
