@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "score": ("rmkit.cli.score", "write each record of a file back with its reward(s)"),
     "serve": ("rmkit.cli.serve", "HTTP scoring server for RL trainers"),
     "data": ("rmkit.cli.data", "check and inspect preference data files"),
+    "parity": ("rmkit.cli.parity", "score a file through every path and report the largest reward difference"),
 }
 
 USAGE = "usage: rmkit {" + ",".join(SUBCOMMANDS) + "} ...\n\n" + "\n".join(
