@@ -183,7 +183,7 @@ def shard(items: Sequence, rank_: int | None = None, world: int | None = None) -
 
 def _sum_gradients_hook(process_group, bucket):
     # DDP's default hook averages gradients over ranks. rmkit's losses are already divided by the
-    # *global* counts (DESIGN.md), so each rank holds its share of the global-batch gradient and the
+    # *global* counts (docs/design.md), so each rank holds its share of the global-batch gradient and the
     # right reduction is the plain sum.
     work = dist.all_reduce(bucket.buffer(), group=process_group, async_op=True)
     return work.get_future().then(lambda fut: fut.value()[0])

@@ -1,5 +1,5 @@
 """Collate tokenized records into right-padded tensors; preference pairs are interleaved
-`[c0, r0, c1, r1, ...]` (chosen at even rows, rejected at odd rows; DESIGN.md)."""
+`[c0, r0, c1, r1, ...]` (chosen at even rows, rejected at odd rows; docs/design.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Load a transformers backbone as a reward model and read its reward.
 
 The reward of a row is the score head applied to the hidden state of the row's last token that the
-attention mask marks as real (DESIGN.md). Decoder classifiers in transformers pool "the rightmost token
+attention mask marks as real (docs/design.md). Decoder classifiers in transformers pool "the rightmost token
 that is not pad_token_id" instead; `ensure_pad_token` gives every decoder a pad token that never ends
 a real sequence, so plain `AutoModelForSequenceClassification` reproduces rmkit's rewards on an
 exported model. Encoder classifiers (BERT family) keep their own pooler (the [CLS] token).

@@ -29,7 +29,7 @@ from rmkit.trainer.checkpoint import (
 
 
 def checkpoint_metrics(metrics: dict) -> dict:
-    """`validation-<name>/<metric>` -> `val:validation-<name>_<metric>` (DESIGN.md's checkpoint metric
+    """`validation-<name>/<metric>` -> `val:validation-<name>_<metric>` (docs/design.md's checkpoint metric
     names, e.g. `val:validation-default_loss`); other keys are kept as they are."""
     out = {}
     for key, value in metrics.items():

@@ -14,7 +14,7 @@ from rmkit.metrics import reward_model_metrics
 
 
 def pair_metrics(chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, float]:
-    """DESIGN.md's reward-model metrics of `[N]` chosen and rejected rewards (`rmkit.metrics`); NaN
+    """docs/design.md's reward-model metrics of `[N]` chosen and rejected rewards (`rmkit.metrics`); NaN
     metrics for an empty set instead of an error, so a tiny validation file cannot stop a run."""
     if chosen.numel() == 0:
         return {"loss": math.nan, "acc": math.nan, "rewards_chosen_mean": math.nan,

@@ -1,4 +1,4 @@
-"""The interleaved pair layout of DESIGN.md: chosen at even rows, rejected at odd rows."""
+"""The interleaved pair layout of docs/design.md: chosen at even rows, rejected at odd rows."""
 
 import torch
 
