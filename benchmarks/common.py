@@ -1,8 +1,10 @@
 """Helpers shared by the benchmark scripts: backbones, data, held-out accuracy, machine facts.
 
-Both scripts tokenize with rmkit's own `tokenize_pairs` (the one way text becomes token ids), score with
-rmkit's `score_sequences` (the same code for every model under test) and describe the machine the same
-way, so numbers from the two scripts can sit in one table.
+Scoring goes through the inference core, `rmkit.inference` (the path `rmkit eval`, `rmkit score` and
+`rmkit serve` take): `load_scorer` on the model directory, `encode_pairs` (each side of a pair cut on its
+own) and `score_ids`, in float32, the same code for every model under test. Training pairs for TRL are
+tokenized by rmkit's `tokenize_pairs` as `rmkit train` cuts them. The machine is described the same way
+by every script, so numbers from them can sit in one table.
 """
 
 from __future__ import annotations
@@ -67,14 +69,12 @@ def export_reward_model(source: str | Path, destination: Path, seed: int) -> Pat
     return destination
 
 
-def load_tokenized_pairs(path: Path, tokenizer, max_length: int, limit: int | None = None):
-    """`(chosen_ids, rejected_ids)` lists for the first `limit` pairs of `path`, truncated to `max_length`.
+def load_pairs(path: Path, limit: int | None = None) -> list:
+    """The first `limit` `PreferencePair`s of `path` (default: all), read by rmkit's loader.
 
-    Truncation (not dropping) keeps every pair, so all trainers see exactly the same pairs. Records rmkit's
-    loader rejects (PandaLM has an empty response) are skipped, with a note, for every model alike.
+    Records the loader rejects (PandaLM has an empty response) are skipped, with a note, for every model alike.
     """
     from rmkit.data import load_preference_data
-    from rmkit.data.tokenize import tokenize_pairs
 
     loaded = load_preference_data(path, on_error="skip")
     if loaded.skipped:
@@ -84,21 +84,37 @@ def load_tokenized_pairs(path: Path, tokenizer, max_length: int, limit: int | No
             file=sys.stderr,
         )
     records = loaded.records
-    records = records[:limit] if limit else records
+    return records[:limit] if limit else records
+
+
+def load_tokenized_pairs(path: Path, tokenizer, max_length: int, limit: int | None = None):
+    """Training `(chosen_ids, rejected_ids)` lists for the first `limit` pairs of `path`, truncated to
+    `max_length` the way `rmkit train` cuts its training pairs (`tokenize_pairs`' default, shared prompt).
+
+    Truncation (not dropping) keeps every pair, so all trainers see exactly the same pairs. Held-out pairs
+    are not tokenized here: `pairwise_accuracy` encodes them through the inference core.
+    """
+    from rmkit.data.tokenize import tokenize_pairs
+
+    records = load_pairs(path, limit)
     tokenized = tokenize_pairs(records, tokenizer, max_length, overlong="truncate")
     if len(tokenized.pairs) != len(records):
         raise SystemExit(f"{path}: tokenization dropped {len(records) - len(tokenized.pairs)} pairs")
     return [list(p.chosen_ids) for p in tokenized.pairs], [list(p.rejected_ids) for p in tokenized.pairs]
 
 
-def pairwise_accuracy(model_dir: Path, chosen: list[list[int]], rejected: list[list[int]]) -> float:
-    """Fraction of pairs whose chosen reward is strictly greater (a tie is wrong), scored by rmkit in fp32."""
-    from rmkit.models import load_reward_model, score_sequences
+def pairwise_accuracy(model_dir: Path, pairs: list, max_length: int) -> float:
+    """Fraction of `pairs` whose chosen reward is strictly greater (a tie is wrong), scored by the inference
+    core in fp32: `load_scorer(model_dir, max_length=max_length)`, each side of a pair encoded and cut to
+    `max_length` on its own (`encode_pairs`), rewards from `score_ids`."""
+    from rmkit.inference import load_scorer
 
-    model, tokenizer = load_reward_model(model_dir)
-    model.eval()
-    rows = [seq for pair in zip(chosen, rejected) for seq in pair]  # interleaved [c0, r0, c1, r1, ...]
-    rewards = score_sequences(model, rows, tokenizer.pad_token_id)[:, 0]
+    scorer = load_scorer(model_dir, dtype="float32", precision="float32", max_length=max_length)
+    tokenized = scorer.encode_pairs(pairs)
+    if len(tokenized.pairs) != len(pairs):
+        raise SystemExit(f"{model_dir}: encoding dropped {len(pairs) - len(tokenized.pairs)} pairs")
+    rows = [ids for p in tokenized.pairs for ids in (p.chosen_ids, p.rejected_ids)]  # [c0, r0, c1, r1, ...]
+    rewards = scorer.score_ids(rows)[:, 0]
     return (rewards[0::2] > rewards[1::2]).float().mean().item()
 
 

@@ -3,9 +3,10 @@ held-out pairwise accuracy.
 
 Every setting is one real `rmkit train --config configs/rm.yaml KEY=VALUE ...` subprocess on the HH training
 pairs (no validation during training, no checkpoints, no plots), after which the exported model is scored by
-the same code for every setting (`benchmarks.common.pairwise_accuracy`: rmkit's batch scorer in float32,
-strict `>`) on `hh_harmless_val.jsonl` and `pandalm_val.jsonl`. Settings run in one process at a time, so
-their train times are comparable on a quiet machine.
+the same code for every setting (`benchmarks.common.pairwise_accuracy`: scoring goes through the inference
+core, `rmkit.inference`, in float32 at `--eval-max-length` tokens whatever the setting trained at, each side of
+a pair cut on its own, strict `>`) on `hh_harmless_val.jsonl` and `pandalm_val.jsonl`. Settings run in one
+process at a time, so their train times are comparable on a quiet machine.
 
     python benchmarks/recipe_sweep.py                                  # the recorded sweep (MiniLM)
     python benchmarks/recipe_sweep.py --settings epochs3,lr2e-5        # others
@@ -104,16 +105,13 @@ def train(args: argparse.Namespace, name: str, train_path: Path) -> dict:
 
 
 def held_out_accuracy(args: argparse.Namespace, model_dir: str) -> dict[str, float]:
-    from rmkit.models import load_tokenizer
-
-    tokenizer = load_tokenizer(model_dir)
-    accuracy = {}
-    for file_name in EVAL_FILES:
-        chosen, rejected = common.load_tokenized_pairs(
-            args.data_dir / file_name, tokenizer, args.eval_max_length, args.eval_pairs
+    """Pairwise accuracy of `model_dir` on each held-out file, at `--eval-max-length` tokens per input."""
+    return {
+        file_name: common.pairwise_accuracy(
+            Path(model_dir), common.load_pairs(args.data_dir / file_name, args.eval_pairs), args.eval_max_length
         )
-        accuracy[file_name] = common.pairwise_accuracy(Path(model_dir), chosen, rejected)
-    return accuracy
+        for file_name in EVAL_FILES
+    }
 
 
 def markdown_table(payload: dict) -> str:

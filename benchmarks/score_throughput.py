@@ -4,8 +4,9 @@ One exported reward model (default: MiniLM with a seeded 1-label head; `--model 
 the held-out pairs of `hh_harmless_val.jsonl`, each pair scored as two texts (prompt + chosen, prompt +
 rejected). Timed, after the model is loaded and warmed up, in this one process:
 
-- `rmkit`: tokenization (`tokenize_pairs`, as `rmkit score` does) plus `score_sequences` (length-sorted,
-  token-budgeted batches, inference mode);
+- `rmkit`: the inference core, `rmkit.inference`, as `rmkit score` uses it: `load_scorer(model,
+  max_length=--max-length)`, then `encode_pairs` (each side of a pair cut on its own) plus `score_ids`
+  (length-sorted, token-budgeted batches, inference mode);
 - `pipeline bs=1`: one text per pipeline call, the way most scripts use it;
 - `pipeline bs=B`: the whole list in one call with the pipeline's own `batch_size` batching;
 - `rmkit score` (the CLI, `--cli`): the whole command as a subprocess, start-up and model loading included.
@@ -53,14 +54,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def rmkit_scores(model, tokenizer, records, max_length: int) -> torch.Tensor:
-    """Rewards `[2N]` interleaved `[c0, r0, ...]`: tokenization and batch scoring, as `rmkit score` does."""
-    from rmkit.data.tokenize import tokenize_pairs
-    from rmkit.models import score_sequences
-
-    tokenized = tokenize_pairs(records, tokenizer, max_length, overlong="truncate")
+def rmkit_scores(scorer, records) -> torch.Tensor:
+    """Rewards `[2N]` interleaved `[c0, r0, ...]`: the inference core's encoding (each side cut on its own)
+    and batch scoring, as `rmkit score` does."""
+    tokenized = scorer.encode_pairs(records)
     rows = [seq for p in tokenized.pairs for seq in (p.chosen_ids, p.rejected_ids)]
-    return score_sequences(model, rows, tokenizer.pad_token_id)[:, 0]
+    return scorer.score_ids(rows)[:, 0]
 
 
 def pipeline_scores(pipe, texts: list[str], batch_size: int, max_length: int) -> torch.Tensor:
@@ -126,8 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import pipeline
 
     from rmkit.data import load_preference_data
-    from rmkit.data.tokenize import tokenize_pairs
-    from rmkit.models import load_reward_model
+    from rmkit.inference import load_scorer
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
     torch.set_num_threads(args.threads)
@@ -141,16 +139,16 @@ def main(argv: list[str] | None = None) -> int:
         data_file = Path(tempfile.gettempdir()) / "rmkit-score-bench.jsonl"
         data_file.write_text("".join(args.data.read_text().splitlines(keepends=True)[: args.pairs]))
     texts = [r.prompt + response for r in records for response in (r.chosen, r.rejected)]
-    model, tokenizer = load_reward_model(model_dir)
-    model.eval()
+    scorer = load_scorer(model_dir, dtype="float32", precision="float32", max_length=args.max_length)
+    model, tokenizer = scorer.model, scorer.tokenizer  # the pipeline runs the very same model object
     pipe = pipeline("text-classification", model=model, tokenizer=tokenizer, device="cpu")
 
     # Warm up both paths (first-call allocations, kernel selection) outside the timings.
-    rmkit_scores(model, tokenizer, records[:4], args.max_length)
+    rmkit_scores(scorer, records[:4])
     pipeline_scores(pipe, texts[:8], 1, args.max_length)
 
-    # Model FLOPs of the workload: 2 x non-embedding parameters per token scored (rmkit's tokenization).
-    tokenized = tokenize_pairs(records, tokenizer, args.max_length, overlong="truncate").pairs
+    # Model FLOPs of the workload: 2 x non-embedding parameters per token scored (the inference core's encoding).
+    tokenized = scorer.encode_pairs(records).pairs
     tokens = sum(len(p.chosen_ids) + len(p.rejected_ids) for p in tokenized)
     flops = 2 * common.non_embedding_params(model) * tokens
     peak = common.matmul_peak_flops(torch.float32, args.threads)
@@ -159,12 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         return {"seconds": seconds, "pairs_per_s": len(records) / seconds, "mfu": flops / seconds / peak}
 
     results = {}
-    seconds, rewards = timed(lambda: rmkit_scores(model, tokenizer, records, args.max_length), args.repeats)
+    seconds, rewards = timed(lambda: rmkit_scores(scorer, records), args.repeats)
     results["rmkit"] = measured(seconds)
-    # The pipeline truncates on the right; rmkit cuts a pair's shared prompt when either side is too long.
-    # Compare where neither truncates: pairs whose two texts both fit.
+    # The pipeline keeps a text's first tokens; rmkit keeps its leading special tokens and its last tokens.
+    # Compare where neither truncates: texts that fit (each side of a pair is cut on its own).
     fits = torch.tensor([len(ids) <= args.max_length for ids in tokenizer(texts).input_ids])
-    fits = (fits[0::2] & fits[1::2]).repeat_interleave(2)
     max_diff = 0.0
     for batch_size in args.batch_sizes:
         seconds, scores = timed(

@@ -21,9 +21,7 @@ import json
 import os
 import platform
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -35,6 +33,10 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from rmkit.serve.process import ServerProcess  # noqa: E402
+
 WORDS = ("the model answers every question with care and the reward shows how helpful harmless honest "
          "it was for a user asking about science history code math travel food").split()
 
@@ -80,28 +82,11 @@ def run_baseline(model_dir: Path, requests: list[list[str]], device: str) -> tup
     return {"texts_per_s": texts / elapsed, "seconds": elapsed, **percentiles(latencies)}, rewards
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def start_server(model_dir: Path, args) -> tuple[subprocess.Popen, str]:
-    port = free_port()
-    cmd = [sys.executable, "-m", "rmkit", "serve", "--model", str(model_dir), "--port", str(port),
-           "--device", args.device, "--batch-window-ms", str(args.batch_window_ms),
-           "--max-batch-tokens", str(args.max_batch_tokens), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("rmkit serve did not become healthy in 120 s")
+def start_server(model_dir: Path, args) -> ServerProcess:
+    """A real `rmkit serve` of `model_dir` on a free loopback port (`rmkit.serve.process.ServerProcess`, the
+    server `rmkit parity` and the tests run); entering it waits until `/health` answers."""
+    return ServerProcess(model_dir, "--device", args.device, "--batch-window-ms", str(args.batch_window_ms),
+                         "--max-batch-tokens", str(args.max_batch_tokens), env={"PYTHONPATH": str(REPO_ROOT)})
 
 
 def run_server(url: str, requests: list[list[str]], concurrency: int) -> tuple[dict, list[float]]:
@@ -155,12 +140,8 @@ def main() -> None:
     requests = make_requests(args.requests, args.texts_per_request, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = args.model or default_model_dir(Path(tmp))
-        proc, url = start_server(model_dir, args)
-        try:
-            server, served = run_server(url, requests, args.concurrency)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=60)
+        with start_server(model_dir, args) as process:
+            server, served = run_server(process.url, requests, args.concurrency)
         baseline, plain = run_baseline(model_dir, requests, args.device)
     result = {
         "benchmark": "serve_throughput", "smoke": args.smoke, "model": str(args.model or "MiniLM-L6 + head"),

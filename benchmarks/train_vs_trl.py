@@ -1,18 +1,20 @@
 """Train one reward model twice, with TRL's `RewardTrainer` and with `rmkit train`, and compare.
 
 Same backbone (exported once, so both start from the same weights, head and pad token), same pairs
-(tokenized once by rmkit with truncation, so neither side drops any), same hyperparameters (global batch
-16, AdamW lr 5e-5 with betas (0.9, 0.999), eps 1e-8, weight decay 0.01 except biases and norms, cosine
-schedule after ceil(5% of steps) warmup steps, grad clip 1.0, one epoch, dropout off: configs/rm.yaml's
-recipe), the same thread count. Each run is a fresh subprocess, and repeats
-alternate which side goes first to cancel drift. For every run it records:
+(the training pairs tokenized once by rmkit with truncation, as `rmkit train` cuts them, so neither side
+drops any), same hyperparameters (global batch 16, AdamW lr 5e-5 with betas (0.9, 0.999), eps 1e-8, weight
+decay 0.01 except biases and norms, cosine schedule after ceil(5% of steps) warmup steps, grad clip 1.0,
+one epoch, dropout off: configs/rm.yaml's recipe), the same thread count. Each run is a fresh subprocess,
+and repeats alternate which side goes first to cancel drift. For every run it records:
 
 - train time: from the first training forward to the end of the last optimizer step, measured by the same
   global hooks in both trainers (model loading, tokenization and saving are outside it; `wall_s` is the
   whole subprocess);
 - pairs/s and real (non-padding) tokens/s over that time, the padding fraction (tokens that went through
   the word embeddings but were padding), and the peak RSS of the subprocess;
-- held-out pairwise accuracy of the saved model, scored for both by `rmkit.models.score_sequences`;
+- held-out pairwise accuracy of the saved model, scored for both by the same code: scoring goes through the
+  inference core, `rmkit.inference` (`load_scorer` on the saved directory at `--max-length`, `encode_pairs`
+  with each side of a pair cut on its own, `score_ids`, float32);
 - MFU = 6 x non-embedding parameters x real tokens / train time, against the matmul peak measured in this
   run for that precision.
 
@@ -277,7 +279,7 @@ def worker(spec_path: Path) -> None:
 
 
 def prepare(args: argparse.Namespace) -> dict:
-    """Export the backbone, write the train slice (JSONL for rmkit, token ids for TRL), tokenize held-out pairs."""
+    """Export the backbone, write the train slice (JSONL for rmkit, token ids for TRL), load the held-out pairs."""
     from rmkit.models import load_reward_model, load_tokenizer
 
     work = args.work_dir
@@ -289,10 +291,7 @@ def prepare(args: argparse.Namespace) -> dict:
     train_jsonl.write_text("".join(lines[: args.pairs] if args.pairs else lines))
     chosen, rejected = common.load_tokenized_pairs(train_jsonl, tokenizer, args.max_length)
     (work / "train_tokens.json").write_text(json.dumps({"chosen": chosen, "rejected": rejected}))
-    val = {
-        name: common.load_tokenized_pairs(args.data_dir / name, tokenizer, args.max_length, args.eval_pairs)
-        for name in args.eval_files
-    }
+    val = {name: common.load_pairs(args.data_dir / name, args.eval_pairs) for name in args.eval_files}
     model, _ = load_reward_model(model_dir)
     return {
         "model_dir": str(model_dir),
@@ -363,8 +362,8 @@ def run_once(args, data: dict, side: str, precision: str, repeat: int) -> dict:
         padding_fraction=1 - data["real_tokens"] / max(result["computed_tokens"], 1),
     )
     if repeat == 0:
-        for name, (chosen, rejected) in data["val"].items():
-            result[f"accuracy/{name}"] = common.pairwise_accuracy(Path(spec["model_out"]), chosen, rejected)
+        for name, pairs in data["val"].items():
+            result[f"accuracy/{name}"] = common.pairwise_accuracy(Path(spec["model_out"]), pairs, args.max_length)
     shutil.rmtree(out_dir / "model", ignore_errors=True)
     print(
         f"{side:>5} {precision} #{repeat}: {result['pairs_per_s']:.2f} pairs/s, train {train_s:.1f} s, "
@@ -454,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
             "backbone": str(args.backbone),
             "train_pairs": data["num_pairs"],
             "real_tokens": data["real_tokens"],
-            "held_out_pairs": {name: len(pairs[0]) for name, pairs in data["val"].items()},
+            "held_out_pairs": {name: len(pairs) for name, pairs in data["val"].items()},
             "max_length": args.max_length,
             "batch_size": args.batch_size,
             "micro_batch_size": args.micro_batch_size,

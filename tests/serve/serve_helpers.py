@@ -1,18 +1,17 @@
-"""Shared by the serve tests: tiny reward-model directories and a real `rmkit serve` subprocess."""
+"""Shared by the serve tests: tiny reward-model directories and a real `rmkit serve` subprocess
+(`rmkit.serve.process.ServerProcess`)."""
 
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
+import tempfile
 from pathlib import Path
 
-import httpx
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
+
+from rmkit.serve.process import ServerProcess
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 API_KEY = "test-key-123"
@@ -59,47 +58,12 @@ def build_model_dir(path: Path, num_labels: int, seed: int) -> Path:
     return path
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-class Server:
-    """A real `python -m rmkit serve` subprocess on a free loopback port."""
+class Server(ServerProcess):
+    """`ServerProcess` (a real `python -m rmkit serve` on a free loopback port) as the serve tests start it:
+    this checkout's rmkit on PYTHONPATH, one OpenMP thread, the log next to the model directory."""
 
     def __init__(self, model_dir: Path, *extra: str):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(model_dir.parent / f"server-{self.port}.log", "w+")  # noqa: SIM115
-        cmd = [sys.executable, "-m", "rmkit", "serve", "--model", str(model_dir), "--port", str(self.port),
-               "--log-level", "warning", *extra]
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
-        self.proc = subprocess.Popen(cmd, env=env, stdout=self.log, stderr=subprocess.STDOUT)
-
-    def wait_ready(self, timeout: float = 90.0) -> Server:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited with {self.proc.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1.0).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
-        raise RuntimeError(f"server not ready after {timeout} s:\n{self.output()}")
-
-    def output(self) -> str:
-        self.log.seek(0)
-        return self.log.read()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+        fd, log_path = tempfile.mkstemp(prefix="server-", suffix=".log", dir=model_dir.parent)
+        os.close(fd)
+        super().__init__(model_dir, *extra, env={"PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"},
+                         log_path=log_path)

@@ -10,11 +10,12 @@ import time
 import httpx
 import pytest
 import torch
-from serve_helpers import API_KEY, CONVERSATIONS, TEXTS, free_port
+from serve_helpers import API_KEY, CONVERSATIONS, TEXTS
 
 from rmkit.env import EnvironmentReturn, RewardModelEnvironment
 from rmkit.errors import ConfigError
 from rmkit.serve import RewardClient, RewardServerError, ScoringEngine
+from rmkit.serve.process import free_port
 
 TOL = 1e-5
 
