@@ -27,6 +27,7 @@ from rmkit.data import FORMATS, load_preference_data
 from rmkit.data.tokenize import canonical_input
 from rmkit.errors import DataError
 from rmkit.inference import RewardScorer
+from rmkit.models.reward import transformers_progress_bars_off
 
 REQUEST_SIZES = (1, 2, 3, 32)
 
@@ -48,7 +49,8 @@ def _plain_transformers(model_dir: str, scorer: RewardScorer, inputs: list, fits
     is rmkit's own)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    with transformers_progress_bars_off():
+        model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     out = {}
     with torch.inference_mode():
@@ -80,6 +82,7 @@ def _served(url: str, inputs: list) -> dict[str, dict[int, torch.Tensor]]:
                 if indices:
                     rewards.update(zip(indices, map(_row, score([inputs[i] for i in indices]))))
             out[f"serve (requests of {size})"] = rewards
+    out["environment (remote)"] = {}
     if chats:
         env = RewardModelEnvironment({"url": url, "batch_size": 32})
         out["environment (remote)"] = dict(zip(chats, map(_row, env.score([inputs[i] for i in chats]).tolist())))

@@ -9,10 +9,13 @@ exported model. Encoder classifiers (BERT family) keep their own pooler (the [CL
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer, PreTrainedModel
+from transformers.utils import logging as hf_logging
 
 from rmkit.models.first_token import first_token_last_layer
 
@@ -24,6 +27,19 @@ def find_gguf_file(name_or_path: str | Path) -> str | None:
     path = Path(name_or_path)
     files = sorted(path.glob("*.gguf")) if path.is_dir() else []
     return files[0].name if files else None
+
+
+@contextlib.contextmanager
+def transformers_progress_bars_off() -> Iterator[None]:
+    """Within the block transformers shows no progress bars ("Loading weights", "Writing model shards"):
+    rmkit loads and saves one small file set at a time, and the bars are noise in its CLI's output."""
+    was_shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_shown:
+            hf_logging.enable_progress_bar()
 
 
 def load_tokenizer(name_or_path: str | Path, chat_template: str | None = None):
@@ -95,7 +111,8 @@ def load_reward_model(
     if num_labels is not None:
         # A classifier checkpoint with another head size gets a fresh head of the size asked for.
         kwargs.update(num_labels=num_labels, ignore_mismatched_sizes=True)
-    model = AutoModelForSequenceClassification.from_pretrained(str(name_or_path), **kwargs)
+    with transformers_progress_bars_off():
+        model = AutoModelForSequenceClassification.from_pretrained(str(name_or_path), **kwargs)
     if gguf_file:
         forget_dequantized_gguf(model)
     tokenizer = load_tokenizer(name_or_path, chat_template=chat_template)

@@ -15,10 +15,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from transformers.utils import logging as hf_logging
 
 from rmkit.config import Config, save_config
 from rmkit.inference import ScoringContract, contract_for, model_max_length, write_contract
+from rmkit.models.reward import transformers_progress_bars_off
 from rmkit.models.setup import set_activation_checkpointing, unwrap
 
 REWARD_STATS = "reward_stats.json"
@@ -50,13 +50,8 @@ def export_model(model: torch.nn.Module, tokenizer, out_dir: str | Path, cfg: Co
     model = unwrap(copy.deepcopy(model) if hasattr(model, "merge_and_unload") else model)
     if any(getattr(m, "gradient_checkpointing", False) for m in model.modules()):
         set_activation_checkpointing(model, False)  # the saved config should not carry it
-    was_shown = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()  # one file, written in a moment: no "Writing model shards" bar in the CLI
-    try:
+    with transformers_progress_bars_off():
         model.save_pretrained(out_dir, safe_serialization=True)
-    finally:
-        if was_shown:
-            hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(out_dir)
     if stats is not None:
         (out_dir / REWARD_STATS).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
