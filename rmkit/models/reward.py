@@ -50,6 +50,10 @@ def load_tokenizer(name_or_path: str | Path, chat_template: str | None = None):
     if chat_template is not None:
         tokenizer.chat_template = chat_template
     tokenizer.padding_side = "right"
+    # rmkit tokenizes whole texts and cuts them to its max length itself (rmkit.data.tokenize); the
+    # tokenizer's once-per-process warning that a text exceeds model_max_length ("will result in indexing
+    # errors") does not apply, so it is marked as already given.
+    tokenizer.deprecation_warnings["sequence-length-is-longer-than-the-specified-maximum"] = True
     return tokenizer
 
 
