@@ -40,7 +40,7 @@ class RegressionLoss:
         data: dict[str, Any],
         global_valid_seqs: torch.Tensor | float | None,
         global_valid_toks: torch.Tensor | float,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         labels = data["labels"]
         if rewards.dim() == 1:
             rewards = rewards[:, None]
@@ -56,10 +56,10 @@ class RegressionLoss:
         diff = rewards.to(dtype) - torch.where(mask > 0, labels, torch.zeros_like(labels))
         loss = masked_mean(diff**2, mask, global_valid_toks)
         with torch.no_grad():
-            mae = masked_mean(diff.abs(), mask, global_valid_toks)
-        return loss, {
-            "loss": loss.item(),
-            "mae": mae.item(),
-            "num_valid_labels": mask.sum().item(),
-            "num_valid_samples": (mask.sum(-1) > 0).sum().item(),
-        }
+            metrics = {
+                "loss": loss.detach(),
+                "mae": masked_mean(diff.abs(), mask, global_valid_toks),
+                "num_valid_labels": mask.sum(),
+                "num_valid_samples": (mask.sum(-1) > 0).sum(),
+            }
+        return loss, metrics
