@@ -16,9 +16,9 @@ from torch.nn.parallel import DistributedDataParallel
 from rmkit.data.collate import collate_pairs, collate_regression
 from rmkit.data.tokenize import TokenizedExample, TokenizedPair
 from rmkit.distributed import all_reduce_sum, sync_gradients
+from rmkit.losses import PreferenceLoss, RegressionLoss, regression_label_mask
 from rmkit.models.scoring import pad_right
 from rmkit.models.setup import autocast
-from rmkit.recipes.objectives import bradley_terry_loss, regression_loss, valid_label_count
 
 
 def _micro_batches(items: Sequence, micro_size: int, length: Callable) -> list[list]:
@@ -94,12 +94,15 @@ def _masked_out(batch: dict, placeholder: bool) -> dict:
 
 def bradley_terry_step(forward: torch.nn.Module, pairs: Sequence, micro_size: int, pad_token_id: int,
                        precision: str, device: torch.device) -> dict[str, torch.Tensor]:
-    """Forward/backward of a global batch of tokenized pairs; returns `loss` (the global-batch loss),
-    `acc` and `num_pairs` as tensors. Gradients are left in `.grad` for the optimizer step."""
+    """Forward/backward of a global batch of tokenized pairs with the Bradley-Terry loss
+    `-log sigmoid(r_c - r_r - margin)` (InstructGPT eq. 1; margin as in Llama 2); returns `loss` (the
+    global-batch loss) and `acc` as 0-dim device tensors. Gradients are left in `.grad` for the
+    optimizer step."""
+    loss_fn = PreferenceLoss()
     # Under data parallelism `pairs` is this rank's share and the counts are the global batch's.
     global_valid_seqs = all_reduce_sum(torch.tensor(2.0 * len(pairs), device=device))
     loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), device=device)
+    accuracy = torch.zeros((), device=device)  # the loss's accuracy is already divided by the global pairs
     micros = _micro_batches(pairs, micro_size, lambda p: max(len(p.chosen_ids), len(p.rejected_ids)))
     micros = micros or [[TokenizedPair([pad_token_id], [pad_token_id])]]
     for i, micro in enumerate(micros):
@@ -111,19 +114,21 @@ def bradley_terry_step(forward: torch.nn.Module, pairs: Sequence, micro_size: in
                 else:
                     rows = [ids for pair in micro for ids in (pair.chosen_ids, pair.rejected_ids)]
                     rewards = length_grouped_rewards(forward, rows, pad_token_id, device)
-            loss, micro_correct = bradley_terry_loss(rewards, batch["margin"], batch["sample_mask"], global_valid_seqs)
+            loss, metrics = loss_fn(rewards, batch, global_valid_seqs)
             loss.backward()
-        loss_sum += loss.detach()
-        correct += micro_correct.sum()
-    loss_sum, correct = all_reduce_sum(torch.stack([loss_sum, correct]))  # the whole global batch's, to log
-    return {"loss": loss_sum, "acc": correct / (global_valid_seqs / 2)}
+        loss_sum += metrics["loss"]
+        accuracy += metrics["accuracy"]
+    loss_sum, accuracy = all_reduce_sum(torch.stack([loss_sum, accuracy]))  # the whole global batch's, to log
+    return {"loss": loss_sum, "acc": accuracy}
 
 
 def regression_step(forward: torch.nn.Module, examples: Sequence, micro_size: int, pad_token_id: int,
                     precision: str, device: torch.device) -> dict[str, torch.Tensor]:
-    """Regression counterpart of `bradley_terry_step`: MSE over present labels of the global batch."""
+    """Regression counterpart of `bradley_terry_step`: MSE over the present labels of the global batch
+    (`RegressionLoss`, as NeMo Aligner's regression reward model)."""
+    loss_fn = RegressionLoss()
     labels = torch.tensor([list(e.labels) for e in examples])
-    global_valid_labels = all_reduce_sum(valid_label_count(labels, torch.ones(len(examples))).to(device))
+    global_valid_labels = all_reduce_sum(regression_label_mask(labels, torch.ones(len(examples))).sum().to(device))
     loss_sum = torch.zeros((), device=device)
     micros = _micro_batches(examples, micro_size, lambda e: len(e.input_ids))
     micros = micros or [[TokenizedExample([pad_token_id], ())]]
@@ -133,9 +138,9 @@ def regression_step(forward: torch.nn.Module, examples: Sequence, micro_size: in
             with autocast(precision, device):
                 rewards = forward(batch["input_ids"], batch["attention_mask"])  # [b, K]
             labels = batch["labels"] if examples else torch.full_like(rewards, -100.0)
-            loss, _ = regression_loss(rewards, labels, batch["sample_mask"], global_valid_labels)
+            loss, metrics = loss_fn(rewards, {**batch, "labels": labels}, None, global_valid_labels)
             loss.backward()
-        loss_sum += loss.detach()
+        loss_sum += metrics["loss"]
     return {"loss": all_reduce_sum(loss_sum)}
 
 
