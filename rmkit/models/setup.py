@@ -142,8 +142,9 @@ def prepare_model(model: PreTrainedModel, policy) -> torch.nn.Module:
 class RewardForward(torch.nn.Module):
     """`forward(input_ids, attention_mask, inputs_embeds=None) -> rewards [B, K]` through `compute_rewards`.
 
-    The loop calls the model through this module so that wrappers that hook `forward` (DDP,
-    `torch.compile`) see the whole reward computation; `self.model` is the trained model (peft or plain).
+    One padded batch's reward computation as a module, so that `torch.compile` (in place) sees all of it;
+    `self.model` is the trained model (peft or plain). The training loop runs it once per chunk of rows
+    inside `rmkit.recipes.rm_step.ChunkedRewards`, the module DDP wraps.
     """
 
     def __init__(self, model: torch.nn.Module):

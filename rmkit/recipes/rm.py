@@ -20,7 +20,7 @@ from rmkit.config import Config, config_to_dict, save_config
 from rmkit.models import load_reward_model, load_tokenizer
 from rmkit.models.reward import ensure_pad_token
 from rmkit.models.setup import RewardForward, prepare_model, resolve_model_name, trainable_model
-from rmkit.recipes.rm_step import STEPS, optimizer_step
+from rmkit.recipes.rm_step import STEPS, ChunkedRewards, optimizer_step
 from rmkit.trainer.export import export_model, reward_stats
 from rmkit.trainer.plots import plot_reward_histograms, plot_training_curves
 from rmkit.trainer.progress import ProgressBar, StepWindow
@@ -119,7 +119,8 @@ def train(cfg: Config) -> TrainResult:
     forward = RewardForward(model)
     if cfg.policy.compile:
         forward.compile(dynamic=True)  # in place: parameter names (and checkpoints) are unchanged
-    forward = dist.wrap_data_parallel(forward, info)  # DDP under torchrun: gradients summed over ranks
+    # DDP under torchrun (gradients summed over ranks) wraps the whole chunked reward computation.
+    forward = dist.wrap_data_parallel(ChunkedRewards(forward), info)
     data = load_run_data(cfg, tokenizer, out_dir)
     sampler = make_sampler(cfg, data.lengths)
 
