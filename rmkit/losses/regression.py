@@ -6,17 +6,16 @@ from typing import Any
 
 import torch
 
+from rmkit.data.records import MISSING_LABEL
 from rmkit.losses.masking import compute_dtype, masked_mean
-
-IGNORE_LABEL = -100.0
 
 
 def regression_label_mask(labels: torch.Tensor, sample_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """`[B, K]` float mask: 1 where the label is not -100 and the row counts.
+    """`[B, K]` float mask: 1 where the label is not `MISSING_LABEL` (-100) and the row counts.
 
     Its sum over the global batch is the `global_valid_toks` that `RegressionLoss` expects.
     """
-    mask = (labels != IGNORE_LABEL).to(torch.float32)
+    mask = (labels != MISSING_LABEL).to(torch.float32)
     if sample_mask is not None:
         mask = mask * sample_mask.reshape(-1, 1).to(mask.dtype)
     return mask

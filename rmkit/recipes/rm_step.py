@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from rmkit.data.collate import pair_targets, regression_targets
+from rmkit.data.records import MISSING_LABEL
 from rmkit.data.tokenize import TokenizedExample, TokenizedPair
 from rmkit.distributed import all_reduce_sum, sync_gradients
 from rmkit.losses import PreferenceLoss, RegressionLoss, regression_label_mask
@@ -161,7 +162,7 @@ def regression_step(forward: torch.nn.Module, examples: Sequence, micro_size: in
             with autocast(precision, device):
                 rewards = length_grouped_rewards(forward, [e.input_ids for e in micro], pad_token_id, device)  # [b, K]
             if not examples:  # the placeholder row has no labels
-                targets["labels"] = torch.full_like(rewards, -100.0)
+                targets["labels"] = torch.full_like(rewards, MISSING_LABEL)
             loss, metrics = loss_fn(rewards, targets, None, global_valid_labels)
             loss.backward()
         loss_sum += metrics["loss"]
