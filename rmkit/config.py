@@ -433,14 +433,16 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 
 def config_to_dict(cfg: Config) -> dict:
     """Plain nested dict (tuples as lists) suitable for YAML or JSON."""
-    return yaml.safe_load(yaml.safe_dump(_plain(dataclasses.asdict(cfg)), sort_keys=False))
+    return yaml.safe_load(yaml.safe_dump(to_plain(dataclasses.asdict(cfg)), sort_keys=False))
 
 
-def _plain(value: Any) -> Any:
+def to_plain(value: Any) -> Any:
+    """`value` with nested dicts' keys as strings and tuples as lists: YAML's safe dumper knows lists,
+    not tuples (e.g. AdamW betas)."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {str(k): to_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [to_plain(v) for v in value]
     return value
 
 
