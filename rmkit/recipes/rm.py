@@ -19,7 +19,7 @@ from rmkit import distributed as dist
 from rmkit.config import Config, config_to_dict, save_config
 from rmkit.models import load_reward_model, load_tokenizer
 from rmkit.models.reward import ensure_pad_token
-from rmkit.models.setup import RewardForward, prepare_model, resolve_model_name, trainable_model
+from rmkit.models.setup import RewardForward, prepare_model, resolve_model_name
 from rmkit.recipes.rm_step import STEPS, ChunkedRewards, optimizer_step
 from rmkit.trainer.export import export_model, reward_stats
 from rmkit.trainer.plots import plot_reward_histograms, plot_training_curves
@@ -36,6 +36,7 @@ from rmkit.trainer.run_log import NullLogger, RunLogger
 from rmkit.trainer.state import TrainState, build_optimizer, build_scheduler, seed_everything, set_threads
 from rmkit.trainer.trackers import build_loggers
 from rmkit.trainer.validate import validate, validate_regression
+from rmkit.wrappers import transformers_model
 
 
 class TrainingDiverged(RuntimeError):
@@ -71,7 +72,7 @@ def load_model(cfg: Config, device: torch.device):
 
 def run_validation(cfg: Config, model, data, pad_id: int, logger: RunLogger, step: int):
     """Validate on every set, log `validation-<name>/<metric>`, return `(metrics, rewards)`."""
-    reader = trainable_model(model)
+    reader = transformers_model(model)
     max_items = cfg.rm.val_batches * cfg.rm.val_global_batch_size if cfg.rm.val_batches else None
     if cfg.policy.reward_model_cfg.reward_model_type == "regression":
         metrics, rewards = validate_regression(reader, data.val, pad_id, cfg.policy.precision, max_items)

@@ -41,6 +41,7 @@ import yaml
 from safetensors.torch import load_model, save_model
 
 from rmkit.config import to_plain
+from rmkit.wrappers import unwrap_model
 
 FORMAT = "rmkit-checkpoint"
 VERSION = 1
@@ -126,17 +127,6 @@ def _json_safe(metrics: dict) -> dict:
             value = str(value)  # JSON has no NaN/inf; keep them readable rather than failing the save
         out[str(key)] = value
     return out
-
-
-def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The bare model inside DDP (`.module`) or `torch.compile` (`._orig_mod`) wrappers."""
-    while True:
-        if hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
 
 
 # -------------------------------------------------------------------------------------------- saving
