@@ -212,6 +212,13 @@ class DataConfig:
     """Field holding the dispreferred response."""
     label_key: str = "label"
     """Field holding the regression label(s)."""
+    split: str = "train"
+    """The split to read when a path is a Hugging Face dataset (name or `save_to_disk` folder); files ignore it."""
+    keep_ties: bool = False
+    """Ranked / HelpSteer3 records whose responses tie: an error (false) or their tied pairs skipped
+    (true; counted, written to `rejects-*.jsonl`)."""
+    allow_empty_response: bool = False
+    """An empty chosen / rejected response: an error (false) or kept as a real comparison (true)."""
     overlong: Literal["truncate", "drop"] = "truncate"
     """Sequences over `policy.max_total_sequence_length`: keep the response end (`truncate`) or `drop`."""
     on_error: Literal["raise", "skip"] = "raise"
