@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from rmkit import distributed as dist
-from rmkit.config import Config, config_to_dict, save_config
+from rmkit.config import Config, save_config
 from rmkit.models import load_reward_model, load_tokenizer
 from rmkit.models.reward import ensure_pad_token
 from rmkit.models.setup import RewardForward, prepare_model, resolve_model_name
@@ -28,13 +28,11 @@ from rmkit.trainer.resume import (
     resolve_resume,
     restore_rng,
     restore_training_state,
-    rewind_metrics_log,
     save_training_checkpoint,
 )
 from rmkit.trainer.run_data import item_tokens, load_run_data, make_sampler
-from rmkit.trainer.run_log import NullLogger, RunLogger
+from rmkit.trainer.run_log import RunLogger, open_logger
 from rmkit.trainer.state import TrainState, build_optimizer, build_scheduler, seed_everything, set_threads
-from rmkit.trainer.trackers import build_loggers
 from rmkit.trainer.validate import validate, validate_regression
 from rmkit.wrappers import transformers_model
 
@@ -81,21 +79,6 @@ def run_validation(cfg: Config, model, data, pad_id: int, logger: RunLogger, ste
         metrics, rewards = validate(reader, data.val, pad_id, cfg.policy.precision, max_items)
     logger.log(metrics, step)
     return metrics, rewards
-
-
-def open_logger(cfg: Config, log_dir: Path, resumed_step: int | None, finished: bool):
-    """Rank 0: metrics.jsonl, TensorBoard, W&B and MLflow as configured; a resumed run first cuts the log
-    back to its checkpoint's step (and its final validation when `finished`, as it runs again). Other
-    ranks log nothing."""
-    if not dist.is_main():
-        return NullLogger()
-    resumed = resumed_step is not None
-    history = rewind_metrics_log(log_dir / "metrics.jsonl", resumed_step, finished) if resumed else []
-    backends = build_loggers(cfg.logger.wandb, cfg.logger.mlflow, log_dir, config_to_dict(cfg))
-    logger = RunLogger(log_dir, tensorboard=cfg.logger.tensorboard, backends=backends,
-                           purge_step=resumed_step + 1 if resumed else None)
-    logger.history = history
-    return logger
 
 
 def total_steps(cfg: Config, steps_per_epoch: int) -> int:
