@@ -37,6 +37,8 @@ def _to(batch: dict, device: torch.device) -> dict:
 # computing ~30 more positions). It sets how far `plan_row_chunks` goes in cutting padding.
 CHUNK_OVERHEAD_POSITIONS = 32
 
+Chunk = tuple[torch.Tensor, torch.Tensor]  # `input_ids` and `attention_mask` `[n, S]` of n rows, S their longest
+
 
 def plan_row_chunks(lengths: Sequence[int], overhead_positions: float = CHUNK_OVERHEAD_POSITIONS) -> list[tuple[int, int]]:
     """Cut rows sorted longest first (`lengths` non-increasing) into contiguous chunks `[start, end)`
@@ -68,7 +70,7 @@ class ChunkedRewards(torch.nn.Module):
         super().__init__()
         self.reward_forward = reward_forward
 
-    def forward(self, chunks: Sequence[tuple[torch.Tensor, torch.Tensor]], inverse: torch.Tensor) -> torch.Tensor:
+    def forward(self, chunks: Sequence[Chunk], inverse: torch.Tensor) -> torch.Tensor:
         """`chunks`: `(input_ids, attention_mask)` pairs `[n_i, S_i]`; `inverse` `[R]`: row r's position
         in the chunks' rows laid end to end (R = sum n_i). Returns rewards `[R, K]` in row order."""
         # One embedding lookup for every chunk: its backward builds one dense gradient of the embedding
@@ -83,7 +85,7 @@ class ChunkedRewards(torch.nn.Module):
 
 
 def chunk_rows(rows: Sequence[Sequence[int]], pad_token_id: int,
-               overhead_positions: float = CHUNK_OVERHEAD_POSITIONS) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], torch.Tensor]:
+               overhead_positions: float = CHUNK_OVERHEAD_POSITIONS) -> tuple[list[Chunk], torch.Tensor]:
     """`ChunkedRewards`' inputs for token `rows` (on the host): the rows sorted longest first, cut by
     `plan_row_chunks`, each chunk padded to its own longest row; and the inverse permutation `[R]`."""
     order = sorted(range(len(rows)), key=lambda i: len(rows[i]), reverse=True)
@@ -107,7 +109,7 @@ def length_grouped_rewards(rewards: torch.nn.Module, rows: Sequence[Sequence[int
     padded forward up to float rounding. Backward runs once, on the loss.
     """
     chunks, inverse = chunk_rows(rows, pad_token_id, overhead_positions)
-    chunks = [(input_ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)) for input_ids, mask in chunks]
+    chunks = [(ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)) for ids, mask in chunks]
     return rewards(chunks, inverse.to(device, non_blocking=True))
 
 
@@ -157,10 +159,11 @@ def regression_step(forward: torch.nn.Module, examples: Sequence, micro_size: in
     micros = _micro_batches(examples, micro_size, lambda e: len(e.input_ids))
     micros = micros or [[TokenizedExample([pad_token_id], ())]]
     for i, micro in enumerate(micros):
-        targets = _to(_masked_out(regression_targets(micro), not examples), device)  # labels [b, K], sample_mask [b]
+        targets = _to(_masked_out(regression_targets(micro), not examples), device)  # labels [b, K], mask [b]
+        rows = [e.input_ids for e in micro]
         with sync_gradients(forward, sync=i == len(micros) - 1):
             with autocast(precision, device):
-                rewards = length_grouped_rewards(forward, [e.input_ids for e in micro], pad_token_id, device)  # [b, K]
+                rewards = length_grouped_rewards(forward, rows, pad_token_id, device)  # [b, K]
             if not examples:  # the placeholder row has no labels
                 targets["labels"] = torch.full_like(rewards, MISSING_LABEL)
             loss, metrics = loss_fn(rewards, targets, None, global_valid_labels)

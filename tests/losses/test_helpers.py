@@ -104,14 +104,15 @@ def _every_loss_on_a_batch():
     gvs, gvt = global_counts(data)
     packed = {k: v if v.dim() == 1 else v.reshape(1, 24, *v.shape[2:]) for k, v in data.items()}
     rewards = logits[:, 0, :3]  # [4, 3], requires grad
-    labels = {"labels": torch.tensor([[1.0, -100.0, 0.5]] * 4, dtype=torch.float64), "sample_mask": data["sample_mask"]}
+    labels = torch.tensor([[1.0, -100.0, 0.5]] * 4, dtype=torch.float64)
+    regression = {"labels": labels, "sample_mask": data["sample_mask"]}
     packing = SequencePackingLossWrapper(ClippedPGLossFn(PG_CFG), torch.tensor([0, 6, 12, 18, 24]))
     yield NLLLoss()(logits, data, gvs, gvt)
     yield DPOLossFn(DPO_CFG)(logits, data, gvs, gvt)
     yield ClippedPGLossFn(PG_CFG)(logits, data, gvs, gvt)
     yield packing(logits.reshape(1, 24, -1), packed, gvs, gvt)
     yield PreferenceLoss(center_rewards_coefficient=0.1)(rewards[:, 0], data, gvs, None)
-    yield RegressionLoss()(rewards, labels, gvs, regression_label_mask(labels["labels"], data["sample_mask"]).sum())
+    yield RegressionLoss()(rewards, regression, gvs, regression_label_mask(labels, data["sample_mask"]).sum())
 
 
 def test_every_loss_returns_its_metrics_as_detached_0_dim_tensors():

@@ -103,5 +103,6 @@ def test_data_split_and_allow_empty_response_reach_the_loader(tiny_decoder, tmp_
     options = [f"data.train_data_path={tmp_path / 'ds'}", "data.val_data_paths={}", "data.split=test"]
     with pytest.raises(DataError, match="rejected"):  # the empty response of the first record
         load_run_data(load_config(None, options), tokenizer, tmp_path / "out")
-    data = load_run_data(load_config(None, [*options, "data.allow_empty_response=true"]), tokenizer, tmp_path / "out")
+    cfg = load_config(None, [*options, "data.allow_empty_response=true"])
+    data = load_run_data(cfg, tokenizer, tmp_path / "out")
     assert len(data.train) == 3 and data.val == {}
