@@ -212,6 +212,13 @@ class DataConfig:
     """Field holding the dispreferred response."""
     label_key: str = "label"
     """Field holding the regression label(s)."""
+    split: str = "train"
+    """The split to read when a path is a Hugging Face dataset (name or `save_to_disk` folder); files ignore it."""
+    keep_ties: bool = False
+    """Ranked / HelpSteer3 records whose responses tie: an error (false) or their tied pairs skipped
+    (true; counted, written to `rejects-*.jsonl`)."""
+    allow_empty_response: bool = False
+    """An empty chosen / rejected response: an error (false) or kept as a real comparison (true)."""
     overlong: Literal["truncate", "drop"] = "truncate"
     """Sequences over `policy.max_total_sequence_length`: keep the response end (`truncate`) or `drop`."""
     pair_truncation: Literal["shared_prompt", "per_text"] = "shared_prompt"
@@ -436,14 +443,16 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
 
 def config_to_dict(cfg: Config) -> dict:
     """Plain nested dict (tuples as lists) suitable for YAML or JSON."""
-    return yaml.safe_load(yaml.safe_dump(_plain(dataclasses.asdict(cfg)), sort_keys=False))
+    return yaml.safe_load(yaml.safe_dump(to_plain(dataclasses.asdict(cfg)), sort_keys=False))
 
 
-def _plain(value: Any) -> Any:
+def to_plain(value: Any) -> Any:
+    """`value` with nested dicts' keys as strings and tuples as lists: YAML's safe dumper knows lists,
+    not tuples (e.g. AdamW betas)."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {str(k): to_plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [to_plain(v) for v in value]
     return value
 
 

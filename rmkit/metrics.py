@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
+
+from rmkit.distributed import all_gather_cat
 
 METRIC_KEYS = (
     "loss",
@@ -50,37 +51,15 @@ def reward_model_metrics(chosen_rewards: torch.Tensor, rejected_rewards: torch.T
     }
 
 
-def _all_gather_variable(values: torch.Tensor, group=None) -> torch.Tensor:
-    """Concatenate `[n_rank, ...]` tensors of every rank in rank order (n_rank may differ)."""
-    world = dist.get_world_size(group)
-    device = values.device
-    if dist.get_backend(group) == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-    values = values.to(device)
-    count = torch.tensor([values.shape[0]], dtype=torch.long, device=device)
-    counts = [torch.zeros_like(count) for _ in range(world)]
-    dist.all_gather(counts, count, group=group)
-    counts = [int(c.item()) for c in counts]
-    padded = torch.zeros((max(counts), *values.shape[1:]), dtype=values.dtype, device=device)
-    padded[: values.shape[0]] = values
-    gathered = [torch.empty_like(padded) for _ in range(world)]
-    dist.all_gather(gathered, padded, group=group)
-    return torch.cat([g[:n] for g, n in zip(gathered, counts)]).cpu()
-
-
 class RewardMetricsAccumulator:
     """Collects chosen / rejected rewards over many batches; `compute()` gives `reward_model_metrics`.
 
-    Under an initialized torch.distributed process group, `compute()` all-gathers every rank's
-    rewards (ranks may hold different numbers of pairs) so that every rank gets the metrics of the
-    concatenated data, exactly as one process would compute them. All ranks must call `compute()`.
-
-    Args:
-        group: process group to gather over (None: the default group).
+    Under torch.distributed, `compute()` all-gathers every rank's rewards (ranks may hold different
+    numbers of pairs) so that every rank gets the metrics of the concatenated data, exactly as one
+    process would compute them. All ranks must call `compute()`.
     """
 
-    def __init__(self, group=None):
-        self.group = group
+    def __init__(self):
         self.reset()
 
     def reset(self) -> None:
@@ -99,6 +78,5 @@ class RewardMetricsAccumulator:
     def compute(self) -> dict[str, float]:
         """Metrics over everything added (on every rank, when distributed)."""
         pairs = torch.cat(self._pairs) if self._pairs else torch.zeros((0, 2), dtype=torch.float64)
-        if dist.is_available() and dist.is_initialized():
-            pairs = _all_gather_variable(pairs, self.group)
+        pairs = all_gather_cat(pairs)  # [all ranks' pairs, 2], in rank order
         return reward_model_metrics(pairs[:, 0], pairs[:, 1])

@@ -51,7 +51,7 @@ def test_matches_loop_reference_and_preference_loss():
     interleaved = torch.stack([chosen, rejected], 1).reshape(-1)  # [c0, r0, c1, r1, ...]
     loss, metrics = PreferenceLoss()(interleaved, {"sample_mask": torch.ones(74)}, 74, None)
     assert got["loss"] == pytest.approx(loss.item(), rel=1e-6)  # float32 loss vs float64 metrics
-    assert got["acc"] == pytest.approx(metrics["accuracy"], rel=1e-6)
+    assert got["acc"] == pytest.approx(float(metrics["accuracy"]), rel=1e-6)
 
 
 def test_accumulator_over_batches_equals_concatenated():

@@ -63,7 +63,7 @@ def parse_ranked(record: RawRecord, opts: FormatOptions) -> tuple[list[Preferenc
                 if not opts.keep_ties:
                     raise record.error(
                         "completions", f"completions {i} and {j} have the same rank {rank_i:g} (a tie); "
-                        "pass keep_ties=True (--keep-ties) to skip tied pairs"
+                        "pass keep_ties=True (--keep-ties, data.keep_ties=true) to skip tied pairs"
                     )
                 skipped.append(f"{TIE_PREFIX}completions {i} and {j} have rank {rank_i:g}")
                 continue
@@ -81,7 +81,7 @@ def parse_helpsteer3(record: RawRecord, opts: FormatOptions) -> tuple[list[Prefe
     preference = finite_number(record, "overall_preference")
     if preference == 0:
         if not opts.keep_ties:
-            raise record.error("overall_preference", "is 0 (a tie); pass keep_ties=True (--keep-ties) to skip ties")
+            raise record.error("overall_preference", "is 0 (a tie); pass keep_ties=True (--keep-ties, data.keep_ties=true) to skip ties")
         return [], [f"{TIE_PREFIX}overall_preference is 0"]
     chosen, rejected = (response1, response2) if preference < 0 else (response2, response1)
     return [PreferencePair(context, chosen, rejected, None, record.source)], []

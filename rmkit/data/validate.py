@@ -31,7 +31,8 @@ def text_or_messages(record: RawRecord, key: str, value=_UNSET, allow_empty: boo
         raise record.error(key, "is null")
     if isinstance(value, str):
         if not value.strip() and not allow_empty:
-            raise record.error(key, "is empty (allow_empty_response=True / --allow-empty-response accepts empty responses)")
+            raise record.error(key, "is empty (allow_empty_response=True / --allow-empty-response / "
+                                    "data.allow_empty_response=true accepts empty responses)")
         return value
     if isinstance(value, list):
         return messages(record, key, value)

@@ -1,5 +1,6 @@
 """Alignment losses with NeMo RL's LossFunction protocol; see `rmkit.losses.protocol`."""
 
+from rmkit.data.records import MISSING_LABEL
 from rmkit.losses.advantages import grpo_group_advantages
 from rmkit.losses.dpo import DPOLossConfig, DPOLossFn
 from rmkit.losses.logprobs import aligned_logprobs, next_token_logprobs
@@ -9,11 +10,11 @@ from rmkit.losses.packing import SequencePackingLossWrapper
 from rmkit.losses.policy_gradient import KL_ESTIMATORS, ClippedPGLossConfig, ClippedPGLossFn
 from rmkit.losses.preference import PreferenceLoss, split_pairs
 from rmkit.losses.protocol import LossFunction, reduce_metrics
-from rmkit.losses.regression import IGNORE_LABEL, RegressionLoss, regression_label_mask
+from rmkit.losses.regression import RegressionLoss, regression_label_mask
 
 __all__ = [
-    "IGNORE_LABEL",
     "KL_ESTIMATORS",
+    "MISSING_LABEL",
     "ClippedPGLossConfig",
     "ClippedPGLossFn",
     "DPOLossConfig",

@@ -71,7 +71,7 @@ class DPOLossFn:
         data: dict[str, Any],
         global_valid_seqs: torch.Tensor | float,
         global_valid_toks: torch.Tensor | float | None = None,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logprobs = next_token_logprobs(next_token_logits, data["input_ids"], inplace_backward=self.inplace_backward)
         token_mask = data["token_mask"][:, 1:].to(logprobs.dtype)
         ref = data["reference_policy_logprobs"][:, 1:].to(logprobs.dtype)
@@ -89,11 +89,11 @@ class DPOLossFn:
 
         loss = self.preference_loss_weight * terms["loss"] + self.sft_loss_weight * sft_loss
         return loss, {
-            "loss": loss.item(),
-            "sft_loss": sft_loss.item(),
-            "preference_loss": terms["loss"].item(),
-            "accuracy": terms["accuracy"].item(),
-            "rewards_chosen_mean": terms["rewards_chosen_mean"].item(),
-            "rewards_rejected_mean": terms["rewards_rejected_mean"].item(),
-            "num_valid_samples": terms["num_pairs"].item(),
+            "loss": loss.detach(),
+            "sft_loss": sft_loss.detach(),
+            "preference_loss": terms["loss"].detach(),
+            "accuracy": terms["accuracy"],
+            "rewards_chosen_mean": terms["rewards_chosen_mean"],
+            "rewards_rejected_mean": terms["rewards_rejected_mean"],
+            "num_valid_samples": terms["num_pairs"].detach(),
         }

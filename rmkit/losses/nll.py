@@ -44,12 +44,12 @@ class NLLLoss:
         global_valid_toks: torch.Tensor | float | None,
         dpo_loss: bool = False,
         dpo_average_log_probs: bool = False,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         logprobs = next_token_logprobs(next_token_logits, data["input_ids"], inplace_backward=self.inplace_backward)
         mask = loss_token_mask(data, compute_dtype(logprobs))
         metrics = {
-            "num_unmasked_tokens": mask.sum().item(),
-            "num_valid_samples": data["sample_mask"].float().sum().item(),
+            "num_unmasked_tokens": mask.sum().detach(),
+            "num_valid_samples": data["sample_mask"].detach().float().sum(),
         }
         if dpo_loss:
             loss = -(logprobs * mask).sum(-1)
@@ -59,4 +59,4 @@ class NLLLoss:
         if global_valid_toks is None:
             raise ValueError("NLLLoss needs global_valid_toks unless dpo_loss=True")
         loss = -masked_mean(logprobs, mask, global_valid_toks)
-        return loss, {"loss": loss.item(), **metrics}
+        return loss, {"loss": loss.detach(), **metrics}

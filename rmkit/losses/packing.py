@@ -85,7 +85,7 @@ class SequencePackingLossWrapper:
         data: dict[str, Any],
         global_valid_seqs: torch.Tensor | float | None,
         global_valid_toks: torch.Tensor | float | None,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """`next_token_logits` `[1, T, V]`; see the class docstring for `data`'s layout."""
         total = next_token_logits.shape[1]
         if next_token_logits.shape[0] != 1 or (self.starts and self.starts[-1] + self.lengths[-1] > total):

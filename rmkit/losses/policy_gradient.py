@@ -170,7 +170,7 @@ class ClippedPGLossFn:
         data: dict[str, Any],
         global_valid_seqs: torch.Tensor | float,
         global_valid_toks: torch.Tensor | float,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         gvs, gvt = global_valid_seqs, global_valid_toks
         curr = next_token_logprobs(next_token_logits, data["input_ids"], inplace_backward=self.inplace_backward)
         mask = loss_token_mask(data, curr.dtype)
@@ -200,17 +200,23 @@ class ClippedPGLossFn:
 
     @torch.no_grad()
     def _metrics(self, loss, actor, kl, curr, prev, gen, ratio, ratio_clamped, mask, data, gvt) -> dict:
-        valid = mask > 0
-        has_tokens = bool(valid.any())
         return {
-            "loss": loss.item(),
-            "actor_loss": actor.item(),
-            "kl_penalty": kl.item(),
-            "probs_ratio": masked_mean(ratio, mask, gvt).item(),
-            "probs_ratio_clamped": masked_mean(ratio_clamped, mask, gvt).item(),
-            "probs_ratio_min": ratio[valid].min().item() if has_tokens else float("inf"),
-            "probs_ratio_max": ratio[valid].max().item() if has_tokens else float("-inf"),
-            "token_mult_prob_error": masked_mean(torch.exp((gen - prev).abs()), mask, gvt).item(),
-            "approx_entropy": masked_mean(-torch.exp(curr - gen) * curr, mask, gvt).item(),
-            "num_valid_samples": data["sample_mask"].float().sum().item(),
+            "loss": loss.detach(),
+            "actor_loss": actor.detach(),
+            "kl_penalty": kl.detach(),
+            "probs_ratio": masked_mean(ratio, mask, gvt),
+            "probs_ratio_clamped": masked_mean(ratio_clamped, mask, gvt),
+            "probs_ratio_min": _masked_extreme(ratio, mask, torch.amin, float("inf")),
+            "probs_ratio_max": _masked_extreme(ratio, mask, torch.amax, float("-inf")),
+            "token_mult_prob_error": masked_mean(torch.exp((gen - prev).abs()), mask, gvt),
+            "approx_entropy": masked_mean(-torch.exp(curr - gen) * curr, mask, gvt),
+            "num_valid_samples": data["sample_mask"].detach().float().sum(),
         }
+
+
+def _masked_extreme(values: torch.Tensor, mask: torch.Tensor, reduce, empty: float) -> torch.Tensor:
+    """`reduce` (amin / amax) of `values` `[B, S-1]` where `mask` is 1, or `empty` (the reduction's
+    identity, inf / -inf) where no entry is: a 0-dim tensor, without reading the mask on the host."""
+    if values.numel() == 0:
+        return torch.tensor(empty, dtype=values.dtype, device=values.device)
+    return reduce(torch.where(mask > 0, values, torch.full_like(values, empty)))

@@ -88,7 +88,7 @@ class PreferenceLoss:
         data: dict[str, Any],
         global_valid_seqs: torch.Tensor | float,
         global_valid_toks: torch.Tensor | float | None = None,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         if rewards.dim() == 2 and rewards.shape[1] == 1:
             rewards = rewards.squeeze(1)
         if rewards.dim() != 1:
@@ -104,13 +104,13 @@ class PreferenceLoss:
             pairs = torch.as_tensor(global_valid_seqs, dtype=chosen.dtype, device=chosen.device) / 2
             center = masked_mean((chosen + rejected) ** 2, terms["pair_mask"], pairs)
             loss = loss + self.center_rewards_coefficient * center
-            metrics["center_loss"] = center.item()
+            metrics["center_loss"] = center.detach()
         metrics = {
-            "loss": loss.item(),
-            "accuracy": terms["accuracy"].item(),
-            "rewards_chosen_mean": terms["rewards_chosen_mean"].item(),
-            "rewards_rejected_mean": terms["rewards_rejected_mean"].item(),
-            "num_valid_samples": terms["num_pairs"].item(),
+            "loss": loss.detach(),
+            "accuracy": terms["accuracy"],
+            "rewards_chosen_mean": terms["rewards_chosen_mean"],
+            "rewards_rejected_mean": terms["rewards_rejected_mean"],
+            "num_valid_samples": terms["num_pairs"].detach(),
             **metrics,
         }
         return loss, metrics

@@ -12,8 +12,10 @@ returns `(loss, metrics)`:
   valid tokens (sum of `token_mask[:, 1:] * sample_mask[:, None]`) over the whole global batch, every
   microbatch and every data-parallel rank. Dividing by these makes microbatch losses add up exactly to
   the full-batch loss.
-- `loss`: a scalar tensor. `metrics`: Python floats, additive across microbatches (already divided by
-  the global counts) except keys ending in `_min` / `_max`, which reduce with min / max.
+- `loss`: a scalar tensor. `metrics`: detached 0-dim tensors on the loss's device, additive across
+  microbatches (already divided by the global counts) except keys ending in `_min` / `_max`, which
+  reduce with min / max. Tensors, not Python floats: reading a value is a host-device sync, so the
+  caller decides when (once per step, when it logs); `float(metrics["loss"])` reads one.
 """
 
 from __future__ import annotations
@@ -32,27 +34,38 @@ class LossFunction(Protocol):
         data: dict[str, Any],
         global_valid_seqs: torch.Tensor | float,
         global_valid_toks: torch.Tensor | float | None,
-    ) -> tuple[torch.Tensor, dict[str, float]]: ...
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]: ...
 
 
-def reduce_metrics(metrics_list: list[dict[str, float]]) -> dict[str, float]:
+Metric = torch.Tensor | float
+
+
+def reduce_metrics(metrics_list: list[dict[str, Metric]]) -> dict[str, Metric]:
     """Combine the metrics of several microbatches: sum, except `*_min` / `*_max` (min / max).
 
-    Infinite `*_min` / `*_max` values (a microbatch with no valid token) are skipped.
+    Values are 0-dim tensors or Python floats; tensors stay on their device (no host-device sync),
+    floats give floats. Infinite `*_min` / `*_max` values (a microbatch with no valid token) are skipped.
     """
-    out: dict[str, float] = {}
+    out: dict[str, Metric] = {}
     for metrics in metrics_list:
         for key, value in metrics.items():
-            value = float(value)
-            if key.endswith("_min") or key.endswith("_max"):
-                if value in (float("inf"), float("-inf")):
-                    out.setdefault(key, value)
-                    continue
-                pick = min if key.endswith("_min") else max
-                prev = out.get(key)
-                out[key] = (
-                    value if prev is None or prev in (float("inf"), float("-inf")) else pick(prev, value)
-                )
+            if key not in out:
+                out[key] = value
+            elif key.endswith("_min"):
+                out[key] = _extreme(out[key], value, torch.minimum)
+            elif key.endswith("_max"):
+                out[key] = _extreme(out[key], value, torch.maximum)
             else:
-                out[key] = out.get(key, 0.0) + value
+                out[key] = out[key] + value
     return out
+
+
+def _extreme(prev: Metric, value: Metric, pick) -> Metric:
+    """`pick(prev, value)`, except that an infinite `value` keeps `prev` and an infinite `prev` takes
+    `value`. Computed with `torch.where` on the device rather than with Python branches on the values,
+    which would each read a device tensor back to the host."""
+    device = next((x.device for x in (prev, value) if isinstance(x, torch.Tensor)), None)
+    p, v = (torch.as_tensor(x, dtype=None if isinstance(x, torch.Tensor) else torch.float64, device=device)
+            for x in (prev, value))
+    out = torch.where(v.isinf(), p, torch.where(p.isinf(), v, pick(p, v)))
+    return out if device is not None else out.item()

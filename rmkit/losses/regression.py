@@ -6,17 +6,16 @@ from typing import Any
 
 import torch
 
+from rmkit.data.records import MISSING_LABEL
 from rmkit.losses.masking import compute_dtype, masked_mean
-
-IGNORE_LABEL = -100.0
 
 
 def regression_label_mask(labels: torch.Tensor, sample_mask: torch.Tensor | None = None) -> torch.Tensor:
-    """`[B, K]` float mask: 1 where the label is not -100 and the row counts.
+    """`[B, K]` float mask: 1 where the label is not `MISSING_LABEL` (-100) and the row counts.
 
     Its sum over the global batch is the `global_valid_toks` that `RegressionLoss` expects.
     """
-    mask = (labels != IGNORE_LABEL).to(torch.float32)
+    mask = (labels != MISSING_LABEL).to(torch.float32)
     if sample_mask is not None:
         mask = mask * sample_mask.reshape(-1, 1).to(mask.dtype)
     return mask
@@ -40,7 +39,7 @@ class RegressionLoss:
         data: dict[str, Any],
         global_valid_seqs: torch.Tensor | float | None,
         global_valid_toks: torch.Tensor | float,
-    ) -> tuple[torch.Tensor, dict[str, float]]:
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         labels = data["labels"]
         if rewards.dim() == 1:
             rewards = rewards[:, None]
@@ -56,10 +55,10 @@ class RegressionLoss:
         diff = rewards.to(dtype) - torch.where(mask > 0, labels, torch.zeros_like(labels))
         loss = masked_mean(diff**2, mask, global_valid_toks)
         with torch.no_grad():
-            mae = masked_mean(diff.abs(), mask, global_valid_toks)
-        return loss, {
-            "loss": loss.item(),
-            "mae": mae.item(),
-            "num_valid_labels": mask.sum().item(),
-            "num_valid_samples": (mask.sum(-1) > 0).sum().item(),
-        }
+            metrics = {
+                "loss": loss.detach(),
+                "mae": masked_mean(diff.abs(), mask, global_valid_toks),
+                "num_valid_labels": mask.sum(),
+                "num_valid_samples": (mask.sum(-1) > 0).sum(),
+            }
+        return loss, metrics

@@ -13,6 +13,7 @@ from transformers import PreTrainedModel
 
 from rmkit.errors import ConfigError
 from rmkit.models.reward import compute_rewards, uses_last_token_pooling
+from rmkit.wrappers import transformers_model
 
 
 def resolve_model_name(name: str) -> str:
@@ -122,22 +123,6 @@ def set_activation_checkpointing(model: PreTrainedModel, enabled: bool) -> None:
         model.gradient_checkpointing_disable()
 
 
-def unwrap(model: torch.nn.Module) -> PreTrainedModel:
-    """The plain transformers model: compiled wrappers removed, LoRA adapters merged in (a copy-free merge)."""
-    model = getattr(model, "_orig_mod", model)
-    if hasattr(model, "merge_and_unload"):
-        model = model.merge_and_unload()
-    return model
-
-
-def trainable_model(model: torch.nn.Module) -> PreTrainedModel:
-    """The model `compute_rewards` should read: the peft base model's inner transformers model."""
-    model = getattr(model, "_orig_mod", model)
-    if hasattr(model, "get_base_model"):
-        return model.get_base_model()
-    return model
-
-
 def prepare_model(model: PreTrainedModel, policy) -> torch.nn.Module:
     """Apply `policy` (a `PolicyConfig`): freezing, gradient checkpointing, LoRA. Returns the model to train."""
     if policy.disable_dropout:
@@ -149,8 +134,8 @@ def prepare_model(model: PreTrainedModel, policy) -> torch.nn.Module:
     if policy.lora.enabled:
         lora = policy.lora
         model = apply_lora(model, lora.r, lora.alpha, lora.dropout, lora.target_modules)
-    for name in head_module_names(trainable_model(model)):
-        module = getattr(trainable_model(model), name, None)
+    for name in head_module_names(transformers_model(model)):
+        module = getattr(transformers_model(model), name, None)
         if module is not None and not policy.lora.enabled:
             module.requires_grad_(True)
     return model
@@ -159,8 +144,9 @@ def prepare_model(model: PreTrainedModel, policy) -> torch.nn.Module:
 class RewardForward(torch.nn.Module):
     """`forward(input_ids, attention_mask, inputs_embeds=None) -> rewards [B, K]` through `compute_rewards`.
 
-    The loop calls the model through this module so that wrappers that hook `forward` (DDP,
-    `torch.compile`) see the whole reward computation; `self.model` is the trained model (peft or plain).
+    One padded batch's reward computation as a module, so that `torch.compile` (in place) sees all of it;
+    `self.model` is the trained model (peft or plain). The training loop runs it once per chunk of rows
+    inside `rmkit.recipes.rm_step.ChunkedRewards`, the module DDP wraps.
     """
 
     def __init__(self, model: torch.nn.Module):
@@ -170,8 +156,8 @@ class RewardForward(torch.nn.Module):
     def forward(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, inputs_embeds: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return compute_rewards(trainable_model(self.model), input_ids, attention_mask, inputs_embeds)
+        return compute_rewards(transformers_model(self.model), input_ids, attention_mask, inputs_embeds)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The model's word embeddings of `input_ids` (any shape), as its forward would look them up."""
-        return trainable_model(self.model).get_input_embeddings()(input_ids)
+        return transformers_model(self.model).get_input_embeddings()(input_ids)

@@ -16,12 +16,12 @@ from pathlib import Path
 import torch
 
 from rmkit import distributed as dist
-from rmkit.config import Config, config_to_dict, save_config
+from rmkit.config import Config, save_config
 from rmkit.inference import RewardScorer, contract_for
 from rmkit.models import load_reward_model, load_tokenizer
 from rmkit.models.reward import ensure_pad_token
-from rmkit.models.setup import RewardForward, prepare_model, resolve_model_name, trainable_model
-from rmkit.recipes.rm_step import STEPS, optimizer_step
+from rmkit.models.setup import RewardForward, prepare_model, resolve_model_name
+from rmkit.recipes.rm_step import STEPS, ChunkedRewards, optimizer_step
 from rmkit.trainer.export import export_model, reward_stats
 from rmkit.trainer.plots import plot_reward_histograms, plot_training_curves
 from rmkit.trainer.progress import ProgressBar, StepWindow
@@ -29,14 +29,13 @@ from rmkit.trainer.resume import (
     resolve_resume,
     restore_rng,
     restore_training_state,
-    rewind_metrics_log,
     save_training_checkpoint,
 )
 from rmkit.trainer.run_data import item_tokens, load_run_data, make_sampler
-from rmkit.trainer.run_log import NullLogger, RunLogger
+from rmkit.trainer.run_log import RunLogger, open_logger
 from rmkit.trainer.state import TrainState, build_optimizer, build_scheduler, seed_everything, set_threads
-from rmkit.trainer.trackers import build_loggers
 from rmkit.trainer.validate import validate, validate_regression
+from rmkit.wrappers import transformers_model
 
 
 class TrainingDiverged(RuntimeError):
@@ -82,21 +81,6 @@ def run_validation(cfg: Config, scorer: RewardScorer, data, logger: RunLogger, s
     return metrics, rewards
 
 
-def open_logger(cfg: Config, log_dir: Path, resumed_step: int | None, finished: bool):
-    """Rank 0: metrics.jsonl, TensorBoard, W&B and MLflow as configured; a resumed run first cuts the log
-    back to its checkpoint's step (and its final validation when `finished`, as it runs again). Other
-    ranks log nothing."""
-    if not dist.is_main():
-        return NullLogger()
-    resumed = resumed_step is not None
-    history = rewind_metrics_log(log_dir / "metrics.jsonl", resumed_step, finished) if resumed else []
-    backends = build_loggers(cfg.logger.wandb, cfg.logger.mlflow, log_dir, config_to_dict(cfg))
-    logger = RunLogger(log_dir, tensorboard=cfg.logger.tensorboard, backends=backends,
-                           purge_step=resumed_step + 1 if resumed else None)
-    logger.history = history
-    return logger
-
-
 def total_steps(cfg: Config, steps_per_epoch: int) -> int:
     steps = cfg.rm.max_num_epochs * steps_per_epoch
     return min(steps, cfg.rm.max_num_steps) if cfg.rm.max_num_steps else steps
@@ -118,13 +102,14 @@ def train(cfg: Config) -> TrainResult:
     model, tokenizer = load_model(cfg, device)
     # Validation scores through the inference core with the contract the export will write, so the
     # rewards it reports are the ones `rmkit eval`, `score` and `serve` give the exported model.
-    reader = trainable_model(model)
+    reader = transformers_model(model)
     scorer = RewardScorer(reader, tokenizer, contract_for(reader, tokenizer, cfg.policy.max_total_sequence_length),
                           precision=cfg.policy.precision)
     forward = RewardForward(model)
     if cfg.policy.compile:
         forward.compile(dynamic=True)  # in place: parameter names (and checkpoints) are unchanged
-    forward = dist.wrap_data_parallel(forward, info)  # DDP under torchrun: gradients summed over ranks
+    # DDP under torchrun (gradients summed over ranks) wraps the whole chunked reward computation.
+    forward = dist.wrap_data_parallel(ChunkedRewards(forward), info)
     data = load_run_data(cfg, tokenizer, out_dir)
     sampler = make_sampler(cfg, data.lengths)
 

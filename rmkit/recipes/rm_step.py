@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
-from rmkit.data.collate import collate_pairs, collate_regression
+from rmkit.data.collate import pair_targets, regression_targets
+from rmkit.data.records import MISSING_LABEL
 from rmkit.data.tokenize import TokenizedExample, TokenizedPair
 from rmkit.distributed import all_reduce_sum, sync_gradients
+from rmkit.losses import PreferenceLoss, RegressionLoss, regression_label_mask
 from rmkit.models.scoring import pad_right
 from rmkit.models.setup import autocast
-from rmkit.recipes.objectives import bradley_terry_loss, regression_loss, valid_label_count
 
 
 def _micro_batches(items: Sequence, micro_size: int, length: Callable) -> list[list]:
@@ -36,6 +36,8 @@ def _to(batch: dict, device: torch.device) -> dict:
 # MiniLM on 2 CPU threads (a forward+backward pass has ~250 small ops whose fixed cost is that of
 # computing ~30 more positions). It sets how far `plan_row_chunks` goes in cutting padding.
 CHUNK_OVERHEAD_POSITIONS = 32
+
+Chunk = tuple[torch.Tensor, torch.Tensor]  # `input_ids` and `attention_mask` `[n, S]` of n rows, S their longest
 
 
 def plan_row_chunks(lengths: Sequence[int], overhead_positions: float = CHUNK_OVERHEAD_POSITIONS) -> list[tuple[int, int]]:
@@ -57,85 +59,116 @@ def plan_row_chunks(lengths: Sequence[int], overhead_positions: float = CHUNK_OV
     return chunks[::-1]
 
 
-def length_grouped_rewards(forward: torch.nn.Module, rows: Sequence[Sequence[int]], pad_token_id: int,
+class ChunkedRewards(torch.nn.Module):
+    """`forward(chunks, inverse) -> rewards [R, K]` of R token rows given as padded chunks: the module the
+    loop calls and DDP wraps (DDP wants one forward call per backward, so the embedding lookup and every
+    chunk's forward happen inside this one call). `reward_forward` computes one chunk (a `RewardForward`,
+    compiled in place under `policy.compile`).
+    """
+
+    def __init__(self, reward_forward: torch.nn.Module):
+        super().__init__()
+        self.reward_forward = reward_forward
+
+    def forward(self, chunks: Sequence[Chunk], inverse: torch.Tensor) -> torch.Tensor:
+        """`chunks`: `(input_ids, attention_mask)` pairs `[n_i, S_i]`; `inverse` `[R]`: row r's position
+        in the chunks' rows laid end to end (R = sum n_i). Returns rewards `[R, K]` in row order."""
+        # One embedding lookup for every chunk: its backward builds one dense gradient of the embedding
+        # matrix (vocab x hidden, 47 MB for MiniLM) instead of one per chunk, each zero-filled and summed.
+        flat_ids = torch.cat([input_ids.reshape(-1) for input_ids, _ in chunks])
+        embeddings = self.reward_forward.embed(flat_ids).split([input_ids.numel() for input_ids, _ in chunks])
+        pieces = [
+            self.reward_forward(input_ids, attention_mask, inputs_embeds=embedded.view(*input_ids.shape, -1))
+            for (input_ids, attention_mask), embedded in zip(chunks, embeddings)
+        ]
+        return torch.cat(pieces)[inverse]
+
+
+def chunk_rows(rows: Sequence[Sequence[int]], pad_token_id: int,
+               overhead_positions: float = CHUNK_OVERHEAD_POSITIONS) -> tuple[list[Chunk], torch.Tensor]:
+    """`ChunkedRewards`' inputs for token `rows` (on the host): the rows sorted longest first, cut by
+    `plan_row_chunks`, each chunk padded to its own longest row; and the inverse permutation `[R]`."""
+    order = sorted(range(len(rows)), key=lambda i: len(rows[i]), reverse=True)
+    plan = plan_row_chunks([len(rows[i]) for i in order], overhead_positions)
+    chunks = [pad_right([rows[i] for i in order[start:end]], pad_token_id) for start, end in plan]
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[order] = torch.arange(len(order))
+    return chunks, inverse
+
+
+def length_grouped_rewards(rewards: torch.nn.Module, rows: Sequence[Sequence[int]], pad_token_id: int,
                            device: torch.device,
                            overhead_positions: float = CHUNK_OVERHEAD_POSITIONS) -> torch.Tensor:
-    """Rewards `[R, K]` of token `rows`, in their order, computed as forward passes over chunks of
-    rows of similar length (sorted, cut by `plan_row_chunks`), each padded only to its own longest row.
+    """Rewards `[R, K]` of token `rows`, in their order, from `rewards` (a `ChunkedRewards`, or DDP
+    around one): forward passes over chunks of rows of similar length, each padded only to its own
+    longest row (`chunk_rows`).
 
     The two sides of a pair usually differ in length, so one batch of interleaved pairs pads every
     row to the longest response (12% padding on HH pairs at 256 tokens after length grouping; 2% in
     planned chunks). Each row's reward is read at its own last real token, so the result equals one
     padded forward up to float rounding. Backward runs once, on the loss.
     """
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]), reverse=True)
-    plan = plan_row_chunks([len(rows[i]) for i in order], overhead_positions)
-    padded = [pad_right([rows[i] for i in order[start:end]], pad_token_id) for start, end in plan]
-    # One embedding lookup for every chunk: its backward builds one dense gradient of the embedding
-    # matrix (vocab x hidden, 47 MB for MiniLM) instead of one per chunk, each zero-filled and summed.
-    flat_ids = torch.cat([input_ids.reshape(-1) for input_ids, _ in padded]).to(device)
-    embeddings = forward.embed(flat_ids).split([input_ids.numel() for input_ids, _ in padded])
-    pieces = []
-    for (input_ids, attention_mask), embedded in zip(padded, embeddings):
-        embedded = embedded.view(*input_ids.shape, -1)
-        pieces.append(forward(input_ids.to(device), attention_mask.to(device), inputs_embeds=embedded))
-    inverse = torch.empty(len(order), dtype=torch.long, device=device)
-    inverse[torch.tensor(order, device=device)] = torch.arange(len(order), device=device)
-    return torch.cat(pieces)[inverse]
+    chunks, inverse = chunk_rows(rows, pad_token_id, overhead_positions)
+    chunks = [(ids.to(device, non_blocking=True), mask.to(device, non_blocking=True)) for ids, mask in chunks]
+    return rewards(chunks, inverse.to(device, non_blocking=True))
 
 
-def _masked_out(batch: dict, placeholder: bool) -> dict:
+def _masked_out(targets: dict, placeholder: bool) -> dict:
     # Data parallelism: a rank whose share of a short last global batch is empty still runs one
     # placeholder row with sample_mask 0, so it joins the gradient all-reduce with zero gradients.
     if placeholder:
-        batch["sample_mask"] = torch.zeros_like(batch["sample_mask"])
-    return batch
+        targets["sample_mask"] = torch.zeros_like(targets["sample_mask"])
+    return targets
 
 
 def bradley_terry_step(forward: torch.nn.Module, pairs: Sequence, micro_size: int, pad_token_id: int,
                        precision: str, device: torch.device) -> dict[str, torch.Tensor]:
-    """Forward/backward of a global batch of tokenized pairs; returns `loss` (the global-batch loss),
-    `acc` and `num_pairs` as tensors. Gradients are left in `.grad` for the optimizer step."""
+    """Forward/backward of a global batch of tokenized pairs with the Bradley-Terry loss
+    `-log sigmoid(r_c - r_r - margin)` (InstructGPT eq. 1; margin as in Llama 2) through `forward` (a
+    `ChunkedRewards`, or DDP around one); returns `loss` (the global-batch loss) and `acc` as 0-dim
+    device tensors. Gradients are left in `.grad` for the optimizer step."""
+    loss_fn = PreferenceLoss()
     # Under data parallelism `pairs` is this rank's share and the counts are the global batch's.
     global_valid_seqs = all_reduce_sum(torch.tensor(2.0 * len(pairs), device=device))
     loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), device=device)
+    accuracy = torch.zeros((), device=device)  # the loss's accuracy is already divided by the global pairs
     micros = _micro_batches(pairs, micro_size, lambda p: max(len(p.chosen_ids), len(p.rejected_ids)))
     micros = micros or [[TokenizedPair([pad_token_id], [pad_token_id])]]
     for i, micro in enumerate(micros):
-        batch = _to(_masked_out(collate_pairs(micro, pad_token_id), not pairs), device)
+        targets = _to(_masked_out(pair_targets(micro), not pairs), device)  # sample_mask [2n], margin [n]
+        rows = [ids for pair in micro for ids in (pair.chosen_ids, pair.rejected_ids)]  # interleaved
         with sync_gradients(forward, sync=i == len(micros) - 1):  # DDP reduces after the last one
             with autocast(precision, device):
-                if isinstance(forward, DistributedDataParallel):  # DDP wants one forward per backward
-                    rewards = forward(batch["input_ids"], batch["attention_mask"])  # [2n, 1], interleaved
-                else:
-                    rows = [ids for pair in micro for ids in (pair.chosen_ids, pair.rejected_ids)]
-                    rewards = length_grouped_rewards(forward, rows, pad_token_id, device)
-            loss, micro_correct = bradley_terry_loss(rewards, batch["margin"], batch["sample_mask"], global_valid_seqs)
+                rewards = length_grouped_rewards(forward, rows, pad_token_id, device)  # [2n, 1]
+            loss, metrics = loss_fn(rewards, targets, global_valid_seqs)
             loss.backward()
-        loss_sum += loss.detach()
-        correct += micro_correct.sum()
-    loss_sum, correct = all_reduce_sum(torch.stack([loss_sum, correct]))  # the whole global batch's, to log
-    return {"loss": loss_sum, "acc": correct / (global_valid_seqs / 2)}
+        loss_sum += metrics["loss"]
+        accuracy += metrics["accuracy"]
+    loss_sum, accuracy = all_reduce_sum(torch.stack([loss_sum, accuracy]))  # the whole global batch's, to log
+    return {"loss": loss_sum, "acc": accuracy}
 
 
 def regression_step(forward: torch.nn.Module, examples: Sequence, micro_size: int, pad_token_id: int,
                     precision: str, device: torch.device) -> dict[str, torch.Tensor]:
-    """Regression counterpart of `bradley_terry_step`: MSE over present labels of the global batch."""
+    """Regression counterpart of `bradley_terry_step`: MSE over the present labels of the global batch
+    (`RegressionLoss`, as NeMo Aligner's regression reward model)."""
+    loss_fn = RegressionLoss()
     labels = torch.tensor([list(e.labels) for e in examples])
-    global_valid_labels = all_reduce_sum(valid_label_count(labels, torch.ones(len(examples))).to(device))
+    global_valid_labels = all_reduce_sum(regression_label_mask(labels, torch.ones(len(examples))).sum().to(device))
     loss_sum = torch.zeros((), device=device)
     micros = _micro_batches(examples, micro_size, lambda e: len(e.input_ids))
     micros = micros or [[TokenizedExample([pad_token_id], ())]]
     for i, micro in enumerate(micros):
-        batch = _to(_masked_out(collate_regression(micro, pad_token_id), not examples), device)
+        targets = _to(_masked_out(regression_targets(micro), not examples), device)  # labels [b, K], mask [b]
+        rows = [e.input_ids for e in micro]
         with sync_gradients(forward, sync=i == len(micros) - 1):
             with autocast(precision, device):
-                rewards = forward(batch["input_ids"], batch["attention_mask"])  # [b, K]
-            labels = batch["labels"] if examples else torch.full_like(rewards, -100.0)
-            loss, _ = regression_loss(rewards, labels, batch["sample_mask"], global_valid_labels)
+                rewards = length_grouped_rewards(forward, rows, pad_token_id, device)  # [b, K]
+            if not examples:  # the placeholder row has no labels
+                targets["labels"] = torch.full_like(rewards, MISSING_LABEL)
+            loss, metrics = loss_fn(rewards, targets, None, global_valid_labels)
             loss.backward()
-        loss_sum += loss.detach()
+        loss_sum += metrics["loss"]
     return {"loss": all_reduce_sum(loss_sum)}
 
 

@@ -40,6 +40,9 @@ import torch
 import yaml
 from safetensors.torch import load_model, save_model
 
+from rmkit.config import to_plain
+from rmkit.wrappers import unwrap_model
+
 FORMAT = "rmkit-checkpoint"
 VERSION = 1
 STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -112,16 +115,7 @@ def _config_to_dict(config) -> dict | None:
         config = dataclasses.asdict(config)
     if not isinstance(config, dict):
         raise TypeError(f"config must be a dataclass or a dict, got {type(config).__name__}")
-    return _plain(config)
-
-
-def _plain(value):
-    # YAML's safe dumper knows lists, not tuples (e.g. AdamW betas).
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, tuple | list):
-        return [_plain(v) for v in value]
-    return value
+    return to_plain(config)
 
 
 def _json_safe(metrics: dict) -> dict:
@@ -133,17 +127,6 @@ def _json_safe(metrics: dict) -> dict:
             value = str(value)  # JSON has no NaN/inf; keep them readable rather than failing the save
         out[str(key)] = value
     return out
-
-
-def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The bare model inside DDP (`.module`) or `torch.compile` (`._orig_mod`) wrappers."""
-    while True:
-        if hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
-            model = model.module
-        elif hasattr(model, "_orig_mod"):
-            model = model._orig_mod
-        else:
-            return model
 
 
 # -------------------------------------------------------------------------------------------- saving

@@ -19,7 +19,8 @@ import torch
 from rmkit.config import Config, save_config
 from rmkit.inference import ScoringContract, contract_for, model_max_length, write_contract
 from rmkit.models.reward import transformers_progress_bars_off
-from rmkit.models.setup import set_activation_checkpointing, unwrap
+from rmkit.models.setup import set_activation_checkpointing
+from rmkit.wrappers import merged_model
 
 REWARD_STATS = "reward_stats.json"
 CONFIG_NAME = "rmkit_config.yaml"
@@ -47,7 +48,7 @@ def export_model(model: torch.nn.Module, tokenizer, out_dir: str | Path, cfg: Co
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # Merging LoRA rewrites the base weights; merge a copy so the training model stays as it was.
-    model = unwrap(copy.deepcopy(model) if hasattr(model, "merge_and_unload") else model)
+    model = merged_model(copy.deepcopy(model) if hasattr(model, "merge_and_unload") else model)
     if any(getattr(m, "gradient_checkpointing", False) for m in model.modules()):
         set_activation_checkpointing(model, False)  # the saved config should not carry it
     with transformers_progress_bars_off():

@@ -36,7 +36,7 @@ def _load_and_tokenize(path: str, cfg: Config, tokenizer, rejects_path: Path, la
     if cfg.policy.reward_model_cfg.reward_model_type == "regression":
         loaded = load_regression_data(
             resolve_data_path(path), prompt_key=data.prompt_key, label_key=data.label_key,
-            num_labels=cfg.policy.reward_model_cfg.num_labels, on_error=data.on_error,
+            num_labels=cfg.policy.reward_model_cfg.num_labels, on_error=data.on_error, split=data.split,
         )
         tokenized = tokenize_regression(loaded.records, tokenizer, max_length, overlong=data.overlong)
         items = tokenized.examples
@@ -44,6 +44,7 @@ def _load_and_tokenize(path: str, cfg: Config, tokenizer, rejects_path: Path, la
         loaded = load_preference_data(
             resolve_data_path(path), format=data.format, prompt_key=data.prompt_key,
             chosen_key=data.chosen_key, rejected_key=data.rejected_key, on_error=data.on_error,
+            keep_ties=data.keep_ties, allow_empty_response=data.allow_empty_response, split=data.split,
         )
         tokenized = tokenize_pairs(loaded.records, tokenizer, max_length, overlong=data.overlong, truncation=truncation)
         items = tokenized.pairs

@@ -1,5 +1,5 @@
 """Where a run's numbers go: `metrics.jsonl` (always), TensorBoard (when installed) and the tracker
-backends of `rmkit.trainer.trackers`."""
+backends of `rmkit.trainer.trackers`; `open_logger` opens them for a run, fresh or resumed."""
 
 from __future__ import annotations
 
@@ -7,6 +7,11 @@ import json
 import math
 import sys
 from pathlib import Path
+
+from rmkit import distributed as dist
+from rmkit.config import Config, config_to_dict
+from rmkit.trainer.resume import rewind_metrics_log
+from rmkit.trainer.trackers import build_loggers
 
 
 class RunLogger:
@@ -64,3 +69,18 @@ class NullLogger:
 
     def close(self) -> None:
         pass
+
+
+def open_logger(cfg: Config, log_dir: Path, resumed_step: int | None, finished: bool) -> RunLogger | NullLogger:
+    """Rank 0: metrics.jsonl, TensorBoard, W&B and MLflow as configured; a resumed run first cuts the log
+    back to its checkpoint's step (and its final validation when `finished`, as it runs again). Other
+    ranks log nothing."""
+    if not dist.is_main():
+        return NullLogger()
+    resumed = resumed_step is not None
+    history = rewind_metrics_log(log_dir / "metrics.jsonl", resumed_step, finished) if resumed else []
+    backends = build_loggers(cfg.logger.wandb, cfg.logger.mlflow, log_dir, config_to_dict(cfg))
+    logger = RunLogger(log_dir, tensorboard=cfg.logger.tensorboard, backends=backends,
+                       purge_step=resumed_step + 1 if resumed else None)
+    logger.history = history
+    return logger

@@ -10,6 +10,7 @@ import torch
 
 from rmkit.distributed import all_gather_cat, shard
 from rmkit.inference import RewardScorer
+from rmkit.losses import RegressionLoss, masked_mean, regression_label_mask
 from rmkit.metrics import reward_model_metrics
 
 
@@ -24,13 +25,15 @@ def pair_metrics(chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, floa
 
 
 def regression_metrics(predictions: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    """`loss` (MSE over present labels), `mse_<k>` per attribute, reward mean/std, `num_examples`."""
+    """Metrics of `[N, K]` predictions against `[N, K]` labels: `loss` (the training loss,
+    `RegressionLoss`: MSE over the present labels), `mse_<k>` per attribute, reward mean/std,
+    `num_examples`. Computed in float64."""
     predictions, labels = predictions.double(), labels.double()
-    present = labels != -100.0
-    squared = (predictions - labels).pow(2) * present
-    metrics = {"loss": float(squared.sum() / present.sum().clamp(min=1))}
+    present = regression_label_mask(labels).double()
+    loss, _ = RegressionLoss()(predictions, {"labels": labels}, None, present.sum())
+    metrics = {"loss": float(loss)}
     for k in range(labels.shape[1]):
-        metrics[f"mse_{k}"] = float(squared[:, k].sum() / present[:, k].sum().clamp(min=1))
+        metrics[f"mse_{k}"] = float(masked_mean((predictions[:, k] - labels[:, k]).pow(2), present[:, k]))
     metrics["rewards_all_mean"] = float(predictions.mean())
     metrics["rewards_all_std"] = float(predictions.std()) if predictions.numel() > 1 else 0.0
     metrics["num_examples"] = int(labels.shape[0])

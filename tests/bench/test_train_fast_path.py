@@ -68,13 +68,13 @@ def tiny_llama():
 def test_length_grouped_rewards_equal_one_padded_forward_in_the_original_order(backbone, overhead):
     from rmkit.models.scoring import pad_right
     from rmkit.models.setup import RewardForward
-    from rmkit.recipes.rm_step import length_grouped_rewards
+    from rmkit.recipes.rm_step import ChunkedRewards, length_grouped_rewards
 
     torch.manual_seed(0)
     forward = RewardForward(prepare_model(backbone(), PolicyConfig()))
     lengths = [5, 17, 3, 9, 12, 2, 30, 8, 8, 21, 4, 15, 6, 11, 25, 7, 19]
     rows = [torch.randint(1, 64, (n,)).tolist() for n in lengths]
-    chunked = length_grouped_rewards(forward, rows, 0, torch.device("cpu"), overhead_positions=overhead)
+    chunked = length_grouped_rewards(ChunkedRewards(forward), rows, 0, torch.device("cpu"), overhead_positions=overhead)
     chunked.square().sum().backward()
     grads = [p.grad.clone() for p in forward.parameters()]
     forward.zero_grad()

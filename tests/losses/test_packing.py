@@ -53,7 +53,7 @@ def test_packed_equals_padded(loss_name, gaps):
     torch.testing.assert_close(grad, want_grad, rtol=1e-10, atol=1e-14)
     assert metrics.keys() == want_metrics.keys()
     for key, value in want_metrics.items():
-        assert metrics[key] == pytest.approx(value, rel=1e-10, abs=1e-14), key
+        assert float(metrics[key]) == pytest.approx(float(value), rel=1e-10, abs=1e-14), key
 
 
 def test_bad_layouts_are_clear_errors():

@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from rmkit import distributed as dist
+from rmkit.metrics import RewardMetricsAccumulator
 
 
 def main(out_dir: str) -> None:
@@ -17,6 +18,9 @@ def main(out_dir: str) -> None:
     # Uneven rows per rank: rank 0 holds 3 rows, rank 1 holds 1, as a short last validation batch would.
     rows = torch.arange(3 - 2 * r, dtype=torch.float32)[:, None] + 100 * r
     gathered = dist.all_gather_cat(rows.expand(-1, 2).contiguous())
+    accumulator = RewardMetricsAccumulator()  # rewards 0, 1, 2 (rank 0) and 100 (rank 1); each pair correct
+    accumulator.update(rows[:, 0] + 1, rows[:, 0])
+    pair_metrics = accumulator.compute()
     chosen = dist.broadcast_object({"resume_step": 7} if dist.is_main() else None)
     objects = dist.all_gather_object(f"rank{r}")
     # DDP with summed gradients over two micro-batches (the first under no_sync): rank r feeds x = r + 1.
@@ -38,6 +42,7 @@ def main(out_dir: str) -> None:
         "sum": summed.tolist(),
         "max": largest.tolist(),
         "gathered": gathered.tolist(),
+        "pair_metrics": pair_metrics,
         "broadcast": chosen,
         "objects": objects,
         "shard": dist.shard(list(range(5))),

@@ -54,6 +54,9 @@ def test_two_gloo_processes(tmp_path):
         assert res["max"] == [1.0]
         assert res["gathered"] == [[0.0, 0.0], [1.0, 1.0], [2.0, 2.0], [100.0, 100.0]]
         assert res["broadcast"] == {"resume_step": 7}
+        # Every rank's pairs: chosen 1, 2, 3, 101 and rejected 0, 1, 2, 100 (means 26.75 and 25.75).
+        assert res["pair_metrics"]["num_pairs"] == 4 and res["pair_metrics"]["acc"] == 1.0
+        assert res["pair_metrics"]["rewards_chosen_mean"] == 26.75
         assert res["objects"] == ["rank0", "rank1"]
         # d/dw sum(w.x + b) = 2 rows * x per backward, 2 backwards per rank, summed over ranks: 4*1 + 4*2.
         assert res["grad"] == [[12.0, 12.0, 12.0]]

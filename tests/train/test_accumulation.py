@@ -15,7 +15,7 @@ from rmkit.config import OptimizerConfig, SchedulerConfig
 from rmkit.data.tokenize import TokenizedExample, TokenizedPair
 from rmkit.models import load_reward_model
 from rmkit.models.setup import RewardForward
-from rmkit.recipes.rm_step import bradley_terry_step, optimizer_step, regression_step
+from rmkit.recipes.rm_step import ChunkedRewards, bradley_terry_step, optimizer_step, regression_step
 from rmkit.trainer.state import build_optimizer, build_scheduler
 
 
@@ -30,7 +30,7 @@ def _pairs(n: int, vocab: int, seed: int = 0) -> list[TokenizedPair]:
 
 
 def _run(model, items, micro, step_fn):
-    forward = RewardForward(model)
+    forward = ChunkedRewards(RewardForward(model))
     # Adam's first step is ~lr * sign(g): a large eps keeps it smooth in g, so that float rounding in
     # near-zero gradients cannot flip a sign and the weight comparison tests the accumulation.
     optimizer = build_optimizer(model, OptimizerConfig(lr=1e-2, weight_decay=0.1, eps=1e-3))

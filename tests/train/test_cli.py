@@ -114,3 +114,19 @@ def test_bad_record_is_named_by_file_and_line(tiny_decoder, tmp_path, capsys):
         f.write('{"prompt": "p", "chosen": 3, "rejected": "r"}\n')
     result, _ = _train(tmp_path, tiny_decoder, train, train, "rm.max_num_steps=1", capsys=capsys)
     assert result.returncode == 2 and f"{train}:5" in result.stderr and "chosen" in result.stderr
+
+
+def test_ties_in_a_ranked_file_stop_training_unless_data_keep_ties(tiny_decoder, tmp_path, capsys):
+    ranked = tmp_path / "ranked.jsonl"
+    # Each record ranks one reply above two equally bad ones: 2 pairs and 1 tie.
+    ranked.write_text("".join(json.dumps({"context": f"What is {i} plus {i}?", "completions": [
+        {"rank": 1, "completion": f"It is {2 * i}."}, {"rank": 2, "completion": "No idea."},
+        {"rank": 2, "completion": f"It is {2 * i + 1}."}]}) + "\n" for i in range(4)))
+    result, _ = _train(tmp_path, tiny_decoder, ranked, ranked, "rm.max_num_steps=1", capsys=capsys)
+    assert result.returncode == 2 and f"{ranked}:1" in result.stderr and "data.keep_ties=true" in result.stderr
+    result, out = _train(tmp_path, tiny_decoder, ranked, ranked, "rm.max_num_steps=1", "data.keep_ties=true",
+                         capsys=capsys)
+    assert result.returncode == 0, result.stderr
+    assert "rmkit: train: 8 pairs" in result.stderr
+    rejects = [json.loads(line) for line in (out / "rejects-train.jsonl").read_text().splitlines()]
+    assert len(rejects) == 4 and all(r["reason"].startswith("tie: ") for r in rejects)

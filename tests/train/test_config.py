@@ -88,3 +88,21 @@ def test_regression_needs_its_type_for_several_labels():
         config_from_dict({"policy": {"reward_model_cfg": {"num_labels": 3}}})
     cfg = config_from_dict({"policy": {"reward_model_cfg": {"num_labels": 3, "reward_model_type": "regression"}}})
     assert cfg.policy.reward_model_cfg.num_labels == 3
+
+
+def test_data_split_and_allow_empty_response_reach_the_loader(tiny_decoder, tmp_path):
+    datasets = pytest.importorskip("datasets")
+    from transformers import AutoTokenizer
+
+    from rmkit.errors import DataError
+    from rmkit.trainer.run_data import load_run_data
+
+    rows = [{"prompt": f"q{i}", "chosen": f"good {i}", "rejected": "" if i == 0 else f"bad {i}"} for i in range(3)]
+    datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "ds"))
+    tokenizer = AutoTokenizer.from_pretrained(tiny_decoder)
+    options = [f"data.train_data_path={tmp_path / 'ds'}", "data.val_data_paths={}", "data.split=test"]
+    with pytest.raises(DataError, match="rejected"):  # the empty response of the first record
+        load_run_data(load_config(None, options), tokenizer, tmp_path / "out")
+    cfg = load_config(None, [*options, "data.allow_empty_response=true"])
+    data = load_run_data(cfg, tokenizer, tmp_path / "out")
+    assert len(data.train) == 3 and data.val == {}
