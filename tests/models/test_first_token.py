@@ -14,6 +14,7 @@ from transformers import (
 from rmkit.models.first_token import first_token_last_layer
 from rmkit.models.reward import compute_rewards
 from rmkit.models.scoring import pad_right
+from rmkit.models.setup import set_activation_checkpointing
 
 SIZES = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, num_labels=2)
 
@@ -100,7 +101,7 @@ def test_other_models_run_unchanged():
 
 def test_gradient_checkpointing_keeps_the_full_layer_and_trains():
     model = tiny_bert("sdpa")
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    set_activation_checkpointing(model, True)
     model.train()
     with first_token_last_layer(model) as applied:
         assert not applied  # the recomputation in backward runs after the block, so it must see one forward
