@@ -21,8 +21,9 @@ from rmkit.inference import RewardScorer, contract_for
 from rmkit.models import load_reward_model, load_tokenizer
 from rmkit.models.reward import ensure_pad_token
 from rmkit.models.setup import RewardForward, prepare_model, resolve_model_name
-from rmkit.recipes.rm_step import STEPS, ChunkedRewards, optimizer_step
+from rmkit.recipes.rm_step import STEPS, ChunkedRewards
 from rmkit.trainer.export import export_model, reward_stats
+from rmkit.trainer.optim import build_optimizer, build_scheduler, optimizer_step
 from rmkit.trainer.plots import plot_reward_histograms, plot_training_curves
 from rmkit.trainer.progress import ProgressBar, StepWindow
 from rmkit.trainer.resume import (
@@ -33,7 +34,7 @@ from rmkit.trainer.resume import (
 )
 from rmkit.trainer.run_data import item_tokens, load_run_data, make_sampler
 from rmkit.trainer.run_log import RunLogger, open_logger
-from rmkit.trainer.state import TrainState, build_optimizer, build_scheduler, seed_everything, set_threads
+from rmkit.trainer.state import TrainState, seed_everything, set_threads
 from rmkit.trainer.validate import validate, validate_regression
 from rmkit.wrappers import transformers_model
 

@@ -173,15 +173,3 @@ def regression_step(forward: torch.nn.Module, examples: Sequence, micro_size: in
 
 
 STEPS = {"bradley_terry": bradley_terry_step, "regression": regression_step}
-
-
-def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler,
-                   max_grad_norm: float | None) -> torch.Tensor:
-    """Clip, step, schedule, clear. Returns the pre-clip global gradient norm (a device tensor)."""
-    params = [p for p in model.parameters() if p.grad is not None]
-    max_norm = max_grad_norm if max_grad_norm is not None else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return grad_norm

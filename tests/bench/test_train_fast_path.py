@@ -6,7 +6,7 @@ from transformers import BertConfig, BertForSequenceClassification
 
 from rmkit.config import OptimizerConfig, PolicyConfig
 from rmkit.models.setup import prepare_model
-from rmkit.trainer.state import build_optimizer
+from rmkit.trainer.optim import build_optimizer
 
 
 def tiny_bert() -> BertForSequenceClassification:

@@ -15,8 +15,8 @@ from rmkit.config import OptimizerConfig, SchedulerConfig
 from rmkit.data.tokenize import TokenizedExample, TokenizedPair
 from rmkit.models import load_reward_model
 from rmkit.models.setup import RewardForward
-from rmkit.recipes.rm_step import ChunkedRewards, bradley_terry_step, optimizer_step, regression_step
-from rmkit.trainer.state import build_optimizer, build_scheduler
+from rmkit.recipes.rm_step import ChunkedRewards, bradley_terry_step, regression_step
+from rmkit.trainer.optim import build_optimizer, build_scheduler, optimizer_step
 
 
 def _pairs(n: int, vocab: int, seed: int = 0) -> list[TokenizedPair]:
