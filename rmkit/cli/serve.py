@@ -19,6 +19,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on scoring routes")
+    p.add_argument("--open-route", action="append", default=[], metavar="PATH",
+                   help="let this scoring route answer without --api-key, for clients that cannot send headers "
+                        "(OpenRLHF: /get_reward; verl: /classify, /v1/embeddings); repeatable. Use only on "
+                        "loopback or a private network")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
     p.add_argument("--max-batch-tokens", type=int, default=16384, help="padded tokens per forward pass")
@@ -57,7 +61,11 @@ def main(argv: list[str]) -> int:
             raise ConfigError(key.replace("_", "-"), f"must be >= 1, got {value}")
     import uvicorn  # the serve extra; imported here so `rmkit --help` does not need it
 
-    from rmkit.serve.server import create_app
+    from rmkit.serve.server import SCORING_ROUTES, create_app
+
+    for path in args.open_route:
+        if path not in SCORING_ROUTES:
+            raise ConfigError("open-route", f"{path!r} is not a scoring route (one of {', '.join(SCORING_ROUTES)})")
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if not Path(args.model).is_dir():
@@ -69,7 +77,11 @@ def main(argv: list[str]) -> int:
     if not _is_loopback(args.host):
         print(f"rmkit serve: listening on {args.host}, reachable from other machines"
               + ("" if args.api_key else " WITHOUT an API key"), file=sys.stderr)
-    app = create_app(engine, api_key=args.api_key, max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes)
+    if args.api_key and args.open_route:
+        print(f"rmkit serve: {', '.join(args.open_route)} answer(s) WITHOUT the API key (--open-route): anyone who "
+              "can reach the port can score; keep it on loopback or a private network", file=sys.stderr)
+    app = create_app(engine, api_key=args.api_key, max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes,
+                     open_routes=frozenset(args.open_route))
     # uvicorn handles SIGTERM: it stops accepting, finishes in-flight requests, shuts the app down, then
     # re-raises the signal with the handler it found. A no-op handler here makes that a clean exit 0.
     signal.signal(signal.SIGTERM, lambda signum, frame: None)

@@ -87,7 +87,7 @@ async def classify_route(engine: ScoringEngine, payload: dict, max_inputs: int) 
     data = [{"index": i, "label": engine.labels[int(row.argmax())], "probs": row.tolist(),
              "num_classes": engine.num_labels} for i, row in enumerate(probs)]
     return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-            "model": engine.model_name, "data": data,
+            "model": requested_model(engine, payload), "data": data,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
                       "prompt_tokens_details": None}}
 
@@ -126,3 +126,50 @@ def predict_inputs(inputs, max_inputs: int) -> tuple[bool, list[str]]:
         raise HTTPError(422, "'inputs' must be a string, a [text, text_pair] pair, or a list of them")
     check_count(inputs, "inputs", max_inputs)
     return False, [one(item) for item in inputs]
+
+
+def requested_model(engine: ScoringEngine, payload: dict) -> str:
+    """The `model` a client asked for (OpenAI-style clients check it comes back), else the served name."""
+    model = payload.get("model")
+    return model if isinstance(model, str) and model else engine.model_name
+
+
+async def get_reward_route(engine: ScoringEngine, payload: dict, max_inputs: int) -> dict:
+    """`POST /get_reward`: OpenRLHF's remote reward model. `{"query": [full decoded sequences], "prompts",
+    "labels"}` -> `{"rewards", "scores", "extra_logs"}`; each query is scored as one text (a decoded
+    sequence already carries its chat template), `prompts` and `labels` are accepted and not used."""
+    if "query" not in payload:
+        raise HTTPError(400, "send 'query': the full sequences (prompt + response) to score")
+    texts = string_list(payload["query"], "query", max_inputs)
+    for key in ("prompts", "labels"):
+        if key in payload and payload[key] is not None and not isinstance(payload[key], list):
+            raise HTTPError(422, f"'{key}' must be a list (one entry per query)")
+    ids, _ = engine.encode_texts(texts)
+    raw = await engine.score_ids_async(ids)
+    scalar = engine.scalar_rewards(raw)
+    if scalar is None:
+        raise HTTPError(400, f"this is a {engine.num_labels}-attribute model: start the server with "
+                             "--attribute-weights to get one reward per query")
+    rewards = scalar.tolist()
+    # OpenRLHF logs each extra_logs entry per sample: the tokens the reward model read (after truncation).
+    return {"rewards": rewards, "scores": rewards, "extra_logs": {"reward_input_tokens": [len(i) for i in ids]}}
+
+
+async def embeddings_route(engine: ScoringEngine, payload: dict, max_inputs: int) -> dict:
+    """`POST /v1/embeddings`: the OpenAI embeddings shape, as SGLang serves a reward model and verl's
+    SGLang branch reads it (`data[-1].embedding[-1]`): each input's embedding is its raw head output `[K]`."""
+    if "input" not in payload:
+        raise HTTPError(400, "send 'input': a string or a list of strings")
+    ids, _ = engine.encode_texts(string_list(payload["input"], "input", max_inputs))
+    raw = await engine.score_ids_async(ids)
+    tokens = sum(map(len, ids))
+    data = [{"object": "embedding", "index": i, "embedding": row.tolist()} for i, row in enumerate(raw)]
+    return {"object": "list", "data": data, "model": requested_model(engine, payload),
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens}}
+
+
+def models_listing(engine: ScoringEngine, created: int) -> dict:
+    """`GET /v1/models`: the OpenAI / vLLM model list with the one served model."""
+    return {"object": "list", "data": [{"id": engine.model_name, "object": "model", "created": created,
+                                        "owned_by": "rmkit", "root": str(engine.model_dir), "parent": None,
+                                        "max_model_len": engine.max_length}]}

@@ -5,6 +5,11 @@
                      attribute weights)
     POST /classify   vLLM classify API: {"model", "input": str | [str]} | {"messages": [...]},
                      "use_activation" (default true: sigmoid for one label, softmax over several)
+    POST /get_reward OpenRLHF's remote reward model: {"query": [str], "prompts", "labels"}
+                     -> {"rewards", "scores", "extra_logs"}
+    POST /v1/embeddings  OpenAI embeddings shape (SGLang, verl's SGLang branch): each input's raw head
+                     output as its "embedding"
+    GET  /v1/models  the OpenAI / vLLM model list
     POST /predict    text-embeddings-inference: {"inputs": str | [str] | [str, str] | [[str, str]],
                      "raw_scores"} -> [{"score", "label"}] per input (a list of lists for a batch)
     GET  /health, GET /metrics (Prometheus text)
@@ -28,11 +33,24 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 
 from rmkit.serve.engine import InputError, ScoringEngine
 from rmkit.serve.metrics import ServerMetrics
-from rmkit.serve.routes import HTTPError, classify_route, predict_route, score_route
+from rmkit.serve.routes import (
+    HTTPError,
+    classify_route,
+    embeddings_route,
+    get_reward_route,
+    models_listing,
+    predict_route,
+    score_route,
+)
 
 log = logging.getLogger("rmkit.serve")
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 413: "PayloadTooLargeError",
                422: "UnprocessableEntityError", 500: "InternalServerError"}
+
+
+# POST routes that score: each needs the API key when one is set, unless named in `open_routes`.
+SCORING_ROUTES = {"/v1/score": score_route, "/classify": classify_route, "/v1/classify": classify_route,
+                  "/predict": predict_route, "/get_reward": get_reward_route, "/v1/embeddings": embeddings_route}
 
 
 def error_response(status: int, message: str) -> JSONResponse:
@@ -66,8 +84,10 @@ def create_app(
     api_key: str | None = None,
     max_inputs: int = 1024,
     max_body_bytes: int = 16 * 1024 * 1024,
+    open_routes: frozenset[str] = frozenset(),
 ) -> FastAPI:
-    """The FastAPI app serving `engine`; every scoring route requires `Bearer api_key` when one is set."""
+    """The FastAPI app serving `engine`; every scoring route requires `Bearer api_key` when one is set,
+    except the paths in `open_routes` (for clients that cannot send headers: OpenRLHF, verl)."""
     metrics = ServerMetrics(queue_depth=lambda: engine.queue_depth)
     engine.on_batch = metrics.observe_batch
 
@@ -79,8 +99,8 @@ def create_app(
     app = FastAPI(title="rmkit reward model server", lifespan=lifespan)
     app.state.engine, app.state.metrics = engine, metrics
 
-    def authorize(request: Request) -> None:
-        if api_key is None:
+    def authorize(request: Request, route: str) -> None:
+        if api_key is None or route in open_routes:
             return
         given = request.headers.get("authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {api_key}".encode()):
@@ -90,7 +110,7 @@ def create_app(
         start, status = time.perf_counter(), 200
         metrics.in_flight += 1
         try:
-            authorize(request)
+            authorize(request, route)
             response = JSONResponse(await work(await read_json(request, max_body_bytes)))
         except HTTPError as err:
             status, response = err.status, error_response(err.status, err.message)
@@ -104,15 +124,19 @@ def create_app(
         metrics.observe_request(route, status, time.perf_counter() - start)
         return response
 
-    routes = {"/v1/score": score_route, "/classify": classify_route, "/v1/classify": classify_route,
-              "/predict": predict_route}
-    for path, route in routes.items():
+    for path, route in SCORING_ROUTES.items():
         app.add_api_route(path, _bind(handle, path, partial(route, engine, max_inputs=max_inputs)), methods=["POST"])
 
     @app.get("/health")
     async def health() -> dict:
         return {"status": "ok", "model": engine.model_name, "num_labels": engine.num_labels,
                 "max_length": engine.max_length}
+
+    started = int(time.time())
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        return models_listing(engine, started)
 
     @app.get("/metrics")
     async def metrics_route() -> PlainTextResponse:

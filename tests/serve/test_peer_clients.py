@@ -1,0 +1,86 @@
+"""Peers' reward clients against a real `rmkit serve`, each written from the peer's documented request and
+response shapes: OpenRLHF's remote reward model, verl's SGLang branch (OpenAI embeddings), vLLM's model
+list. The server runs with an API key, and the two routes those clients call are opened with --open-route
+(they cannot send headers)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from serve_helpers import API_KEY, CONVERSATIONS, TEXTS, Server
+
+from rmkit.data.tokenize import encode_conversation
+from rmkit.inference import load_scorer
+
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def open_server(bt_model_dir):
+    server = Server(bt_model_dir, "--api-key", API_KEY, "--open-route", "/get_reward",
+                    "--open-route", "/v1/embeddings")
+    try:
+        yield server.wait_ready()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def scorer(bt_model_dir):
+    return load_scorer(bt_model_dir)
+
+
+def test_openrlhf_remote_reward(open_server, scorer):
+    """OpenRLHF posts {"query", "prompts", "labels"} to remote_rm_url with no headers and reads
+    `rewards` (falling back to `scores`) and `extra_logs`."""
+    payload = {"query": TEXTS, "prompts": [""] * len(TEXTS), "labels": [None] * len(TEXTS)}
+    response = httpx.post(open_server.url + "/get_reward", json=payload, timeout=30)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    expected = scorer.score(TEXTS)[:, 0].tolist()
+    assert body["rewards"] == body["scores"] and len(body["rewards"]) == len(TEXTS)
+    assert max(abs(a - b) for a, b in zip(body["rewards"], expected)) <= TOL
+    assert body["extra_logs"]["reward_input_tokens"] == [len(ids) for ids, _ in scorer.encode(TEXTS)]
+
+
+def test_a_decoded_sequence_scores_as_its_conversation(open_server, scorer):
+    """OpenRLHF sends the policy's decoded tokens (special tokens kept): the same reward as the
+    conversation sent as messages."""
+    queries = [scorer.tokenizer.decode(encode_conversation(scorer.tokenizer, c), skip_special_tokens=False)
+               for c in CONVERSATIONS]
+    assert queries[0].startswith("<s>")  # the BOS is in the text; rmkit does not add a second one
+    decoded = httpx.post(open_server.url + "/get_reward", json={"query": queries}, timeout=30).json()["rewards"]
+    as_messages = httpx.post(open_server.url + "/v1/score", json={"conversations": CONVERSATIONS},
+                             headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30).json()["rewards"]
+    assert max(abs(a - b) for a, b in zip(decoded, as_messages)) <= TOL
+
+
+def test_verl_sglang_branch_reads_the_last_embedding_value(open_server, scorer):
+    """verl's SGLang path posts {"model", "input": text} to /v1/embeddings and reads data[-1].embedding[-1]."""
+    response = httpx.post(open_server.url + "/v1/embeddings", json={"model": "my-rm", "input": TEXTS[0]}, timeout=30)
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["object"] == "list" and body["model"] == "my-rm" and body["data"][0]["object"] == "embedding"
+    assert abs(body["data"][-1]["embedding"][-1] - scorer.score(TEXTS[:1])[0, 0].item()) <= TOL
+    batch = httpx.post(open_server.url + "/v1/embeddings", json={"input": TEXTS}, timeout=30).json()
+    assert [d["index"] for d in batch["data"]] == list(range(len(TEXTS)))
+
+
+def test_vllm_model_list(open_server, scorer):
+    body = httpx.get(open_server.url + "/v1/models", timeout=30).json()
+    assert body["object"] == "list" and body["data"][0]["object"] == "model"
+    assert body["data"][0]["max_model_len"] == scorer.max_length
+
+
+def test_routes_not_opened_still_need_the_key(open_server):
+    response = httpx.post(open_server.url + "/v1/score", json={"texts": ["a dog"]}, timeout=30)
+    assert response.status_code == 401
+    missing = httpx.post(open_server.url + "/get_reward", json={"prompts": []}, timeout=30)
+    assert missing.status_code == 400 and "send 'query'" in missing.json()["message"]
+
+
+def test_open_route_must_name_a_scoring_route(bt_model_dir, capsys):
+    from rmkit.cli import main
+
+    assert main(["serve", "--model", str(bt_model_dir), "--open-route", "/health"]) == 2
+    assert "config key 'open-route'" in capsys.readouterr().err
