@@ -94,28 +94,30 @@ class ScoringEngine:
 
     # ---- text to ids -------------------------------------------------------------------------------
 
-    def _fit(self, inputs: Sequence) -> tuple[list[list[int]], int]:
-        """The core's ids of each input and how many were cut; InputError under "refuse" for an over-long
-        one, or when one has no tokens."""
+    def _fit(self, inputs: Sequence, overlong: str | None = None) -> tuple[list[list[int]], int]:
+        """The core's ids of each input and how many were cut; InputError under "refuse" (`overlong`, else
+        the engine's policy) for an over-long one, or when one has no tokens."""
+        overlong = overlong or self.overlong
         out, truncated = [], 0
         for i, (ids, full_length) in enumerate(self.scorer.encode(inputs)):
             if not ids:
                 raise InputError(f"input {i} has no tokens")
             if full_length > self.max_length:
-                if self.overlong == "refuse":
+                if overlong == "refuse":
                     raise InputError(f"input {i} has {full_length} tokens, over the maximum of {self.max_length}")
                 truncated += 1
             out.append(ids)
         return out, truncated
 
-    def encode_texts(self, texts: Sequence[str]) -> tuple[list[list[int]], int]:
-        """Token ids of each text and how many were truncated; raises InputError on a bad one."""
+    def encode_texts(self, texts: Sequence[str], overlong: str | None = None) -> tuple[list[list[int]], int]:
+        """Token ids of each text and how many were truncated; raises InputError on a bad one. `overlong`
+        overrides the engine's policy for this call ("truncate" or "refuse")."""
         if not texts:
             raise InputError("no inputs to score")
         for i, text in enumerate(texts):
             if not text:
                 raise InputError(f"input {i} is an empty string")
-        return self._fit(texts)
+        return self._fit(texts, overlong)
 
     def encode_conversations(self, conversations: Sequence[list[dict]]) -> tuple[list[list[int]], int]:
         """Token ids of each conversation (the model's chat template) and how many were truncated; the

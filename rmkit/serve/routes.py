@@ -11,7 +11,7 @@ import uuid
 
 import torch
 
-from rmkit.serve.engine import ScoringEngine
+from rmkit.serve.engine import InputError, ScoringEngine
 
 
 class HTTPError(Exception):
@@ -78,11 +78,9 @@ async def classify_route(engine: ScoringEngine, payload: dict, max_inputs: int) 
         ids, _ = engine.encode_texts(string_list(payload["input"], "input", max_inputs))
     else:
         raise HTTPError(400, "send 'input' (a string or list of strings) or 'messages'")
-    use_activation = payload.get("use_activation", payload.get("activation", True))
-    if not isinstance(use_activation, bool) and use_activation is not None:
-        raise HTTPError(422, "'use_activation' must be a boolean")
+    use_activation = activation_flag(payload)
     logits = await engine.score_ids_async(ids)
-    probs = activation(logits) if use_activation is not False else logits
+    probs = activation(logits) if use_activation else logits
     tokens = sum(map(len, ids))
     data = [{"index": i, "label": engine.labels[int(row.argmax())], "probs": row.tolist(),
              "num_classes": engine.num_labels} for i, row in enumerate(probs)]
@@ -90,6 +88,19 @@ async def classify_route(engine: ScoringEngine, payload: dict, max_inputs: int) 
             "model": requested_model(engine, payload), "data": data,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
                       "prompt_tokens_details": None}}
+
+def activation_flag(payload: dict) -> bool:
+    """Whether /classify applies the activation, with vLLM's precedence among its three spellings:
+    `softmax` (oldest), then `activation`, then `use_activation`; the first one set (not null) decides,
+    default true."""
+    for key in ("softmax", "activation", "use_activation"):
+        value = payload.get(key)
+        if value is not None:
+            if not isinstance(value, bool):
+                raise HTTPError(422, f"'{key}' must be a boolean")
+            return value
+    return True
+
 
 async def predict_route(engine: ScoringEngine, payload: dict, max_inputs: int) -> list:
     """`POST /predict`: text-embeddings-inference's route for sequence classifiers."""
@@ -99,7 +110,7 @@ async def predict_route(engine: ScoringEngine, payload: dict, max_inputs: int) -
     raw_scores = payload.get("raw_scores", False)
     if not isinstance(raw_scores, bool):
         raise HTTPError(422, "'raw_scores' must be a boolean")
-    ids, _ = engine.encode_texts(texts)
+    ids = predict_ids(engine, texts, payload)
     logits = await engine.score_ids_async(ids)
     scores = logits if raw_scores else activation(logits)
     predictions = [sorted(({"score": s, "label": engine.labels[k]} for k, s in enumerate(row.tolist())),
@@ -107,25 +118,46 @@ async def predict_route(engine: ScoringEngine, payload: dict, max_inputs: int) -
     return predictions[0] if single else predictions
 
 
+def predict_ids(engine: ScoringEngine, texts: list[str], payload: dict) -> list[list[int]]:
+    """Token ids for /predict under TEI's `truncate` (true: cut, false: refuse an over-long input; absent:
+    the server's --overlong) and `truncation_direction`: rmkit cuts by the scoring contract, keeping the
+    end where the reward is read, which is TEI's `left`; `right` (keep the start) is refused. TEI answers
+    input problems with 422, and so does this route."""
+    truncate, direction = payload.get("truncate"), payload.get("truncation_direction")
+    if truncate is not None and not isinstance(truncate, bool):
+        raise HTTPError(422, "'truncate' must be a boolean")
+    if direction not in (None, "left", "Left"):
+        raise HTTPError(422, "'truncation_direction' must be 'left': rmkit keeps the end of an over-long input "
+                             "(its scoring contract; the reward is read at the last token)")
+    overlong = None if truncate is None else ("truncate" if truncate else "refuse")
+    try:
+        return engine.encode_texts(texts, overlong=overlong)[0]
+    except InputError as err:
+        raise HTTPError(422, str(err)) from err
+
+
 def predict_inputs(inputs, max_inputs: int) -> tuple[bool, list[str]]:
-    """TEI's `inputs` as (is_single, texts). As in TEI, a top-level list of exactly two strings is ONE
-    (text, text_pair) input; a pair is scored as the concatenation `text + text_pair` (rmkit's
-    prompt + response)."""
+    """TEI's `inputs` as (is_single, texts): a string, or a list starting with a string, of one (text) or
+    two (text, text_pair) strings, is ONE input; a list of lists of one or two strings is a batch. rmkit
+    also takes a flat list of three or more strings as a batch (TEI refuses it). A pair is scored as the
+    concatenation `text + text_pair` (rmkit's prompt + response)."""
 
-    def one(item) -> str:
-        if isinstance(item, str):
-            return item
-        if isinstance(item, list) and len(item) == 2 and all(isinstance(s, str) for s in item):
-            return item[0] + item[1]
-        raise HTTPError(422, "each of 'inputs' must be a string or a [text, text_pair] list of two strings")
+    def sequence(item) -> str:
+        if isinstance(item, list) and len(item) in (1, 2) and all(isinstance(s, str) for s in item):
+            return "".join(item)
+        raise HTTPError(422, "each of 'inputs' must be a [text] or [text, text_pair] list of strings")
 
-    if isinstance(inputs, str) or (isinstance(inputs, list) and len(inputs) == 2
-                                   and all(isinstance(s, str) for s in inputs)):
-        return True, [one(inputs)]
-    if not isinstance(inputs, list):
+    if isinstance(inputs, str):
+        return True, [inputs]
+    if not isinstance(inputs, list) or not inputs:
         raise HTTPError(422, "'inputs' must be a string, a [text, text_pair] pair, or a list of them")
+    if all(isinstance(item, str) for item in inputs):
+        if len(inputs) <= 2:
+            return True, [sequence(inputs)]
+        check_count(inputs, "inputs", max_inputs)
+        return False, list(inputs)
     check_count(inputs, "inputs", max_inputs)
-    return False, [one(item) for item in inputs]
+    return False, [sequence(item) for item in inputs]
 
 
 def requested_model(engine: ScoringEngine, payload: dict) -> str:

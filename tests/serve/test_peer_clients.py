@@ -5,6 +5,8 @@ list. The server runs with an API key, and the two routes those clients call are
 
 from __future__ import annotations
 
+import math
+
 import httpx
 import pytest
 from serve_helpers import API_KEY, CONVERSATIONS, TEXTS, Server
@@ -84,3 +86,47 @@ def test_open_route_must_name_a_scoring_route(bt_model_dir, capsys):
 
     assert main(["serve", "--model", str(bt_model_dir), "--open-route", "/health"]) == 2
     assert "config key 'open-route'" in capsys.readouterr().err
+
+
+def _tei(server, payload):
+    return httpx.post(server.url + "/predict", json=payload, headers={"Authorization": f"Bearer {API_KEY}"},
+                      timeout=30)
+
+
+def test_tei_predict_input_shapes(open_server, scorer):
+    """TEI: a string, or [text] / [text, text_pair], is one input (a list of predictions); a list of such
+    lists is a batch (a list of lists), whatever its length."""
+    raw = scorer.score(TEXTS)[:, 0].tolist()
+    single = _tei(open_server, {"inputs": [TEXTS[0]], "raw_scores": True}).json()
+    assert single[0]["score"] == pytest.approx(raw[0], abs=TOL)
+    one_batch = _tei(open_server, {"inputs": [[TEXTS[0]]], "raw_scores": True}).json()
+    assert one_batch[0][0]["score"] == pytest.approx(raw[0], abs=TOL)
+    mixed = _tei(open_server, {"inputs": [[TEXTS[1]], ["the cat sat", " on the mat"]], "raw_scores": True}).json()
+    assert [row[0]["score"] for row in mixed] == pytest.approx([raw[1], raw[0]], abs=TOL)
+
+
+def test_tei_truncate_flag(open_server, bt_model_dir, scorer):
+    long_text = " ".join(["the cat"] * 200)  # 401 tokens, over the model's 128 positions
+    cut = _tei(open_server, {"inputs": long_text, "truncate": True, "raw_scores": True})
+    assert cut.status_code == 200 and cut.json()[0]["score"] == pytest.approx(scorer.score([long_text])[0, 0].item(), abs=TOL)
+    refused = _tei(open_server, {"inputs": long_text, "truncate": False})
+    assert refused.status_code == 422 and "over the maximum of 128" in refused.json()["message"]
+    right = _tei(open_server, {"inputs": "a dog", "truncate": True, "truncation_direction": "right"})
+    assert right.status_code == 422 and "keeps the end" in right.json()["message"]
+
+
+def test_vllm_activation_flag_precedence(open_server, scorer):
+    """vLLM reads `softmax` first, then `activation`, then `use_activation`."""
+    raw = scorer.score(TEXTS[:1])[0, 0].item()
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+
+    def probs(**flags):
+        body = httpx.post(open_server.url + "/classify", json={"model": "rm", "input": TEXTS[0], **flags},
+                          headers=headers, timeout=30).json()
+        assert body["model"] == "rm"
+        return body["data"][0]["probs"][0]
+
+    assert probs(softmax=False, use_activation=True) == pytest.approx(raw, abs=TOL)
+    assert probs(activation=False, use_activation=True) == pytest.approx(raw, abs=TOL)
+    assert probs(use_activation=False) == pytest.approx(raw, abs=TOL)
+    assert probs() == pytest.approx(1 / (1 + math.exp(-raw)), abs=TOL)
