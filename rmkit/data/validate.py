@@ -46,8 +46,8 @@ def messages(record: RawRecord, key: str, value) -> list[Message]:
 
 def check_messages(value, key: str, fail: Callable[[str, str], Exception]) -> list[Message]:
     """The one message check, for data files and server requests alike: `value` must be a non-empty list
-    of `{"role": one of ROLES, "content": str}` with some content; otherwise `fail(field, message)` is
-    raised, `field` naming the place (`key[2].role`)."""
+    of `{"role": one of ROLES, "content": str or a list of text parts}` with some content; otherwise
+    `fail(field, message)` is raised, `field` naming the place (`key[2].role`)."""
     if not isinstance(value, list):
         raise fail(key, f"expected a list of chat messages, got {type(value).__name__}")
     if not value:
@@ -60,12 +60,25 @@ def check_messages(value, key: str, fail: Callable[[str, str], Exception]) -> li
         role, content = message.get("role"), message.get("content")
         if not isinstance(role, str) or role not in ROLES:
             raise fail(f"{where}.role", f"expected one of {', '.join(ROLES)}, got {role!r}")
+        if isinstance(content, list):
+            content = text_parts(content, f"{where}.content", fail)
         if not isinstance(content, str):
             raise fail(f"{where}.content", f"expected a string, got {type(content).__name__}")
         checked.append({"role": role, "content": content})
     if not any(m["content"].strip() for m in checked):
         raise fail(key, "every message is empty")
     return checked
+
+
+def text_parts(parts: list, where: str, fail: Callable[[str, str], Exception]) -> str:
+    """OpenAI-style content parts `[{"type": "text", "text": str}, ...]` as one string, the parts joined by
+    newlines (as vLLM renders them); any other part type is refused (rmkit scores text)."""
+    texts = []
+    for j, part in enumerate(parts):
+        if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise fail(f"{where}[{j}]", 'expected a text part {"type": "text", "text": str}')
+        texts.append(part["text"])
+    return "\n".join(texts)
 
 
 def finite_number(record: RawRecord, key: str, value=_UNSET) -> float:

@@ -130,3 +130,17 @@ def test_vllm_activation_flag_precedence(open_server, scorer):
     assert probs(activation=False, use_activation=True) == pytest.approx(raw, abs=TOL)
     assert probs(use_activation=False) == pytest.approx(raw, abs=TOL)
     assert probs() == pytest.approx(1 / (1 + math.exp(-raw)), abs=TOL)
+
+
+def test_content_parts_score_as_their_text(open_server):
+    """OpenAI / vLLM clients may send content as a list of text parts: the same reward as the string."""
+    headers = {"Authorization": f"Bearer {API_KEY}"}
+    parted = [[{"role": m["role"], "content": [{"type": "text", "text": m["content"]}]} for m in c]
+              for c in CONVERSATIONS]
+    as_parts = httpx.post(open_server.url + "/v1/score", json={"conversations": parted}, headers=headers, timeout=30)
+    as_text = httpx.post(open_server.url + "/v1/score", json={"conversations": CONVERSATIONS}, headers=headers, timeout=30)
+    assert as_parts.status_code == 200, as_parts.text
+    assert as_parts.json()["rewards"] == as_text.json()["rewards"]
+    image = [[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]]
+    refused = httpx.post(open_server.url + "/v1/score", json={"conversations": image}, headers=headers, timeout=30)
+    assert refused.status_code == 400 and "conversation 0[0].content[0]" in refused.json()["message"]
