@@ -44,7 +44,10 @@ def activation(logits: torch.Tensor) -> torch.Tensor:
 
 
 async def score_route(engine: ScoringEngine, payload: dict, max_inputs: int) -> dict:
-    """`POST /v1/score`: rmkit's own route."""
+    """`POST /v1/score`: rmkit's own route (`texts` / `conversations`); a vLLM score request on the same
+    path (`text_1`/`text_2` or `queries`/`documents`) is answered as vLLM answers it (`vllm_score_route`)."""
+    if any(key in payload for key in VLLM_SCORE_KEYS):
+        return await vllm_score_route(engine, payload, max_inputs)
     if ("texts" in payload) == ("conversations" in payload):
         raise HTTPError(400, "send exactly one of 'texts' (list of strings) or 'conversations'")
     if "texts" in payload:
@@ -205,3 +208,77 @@ def models_listing(engine: ScoringEngine, created: int) -> dict:
     return {"object": "list", "data": [{"id": engine.model_name, "object": "model", "created": created,
                                         "owned_by": "rmkit", "root": str(engine.model_dir), "parent": None,
                                         "max_model_len": engine.max_length}]}
+
+
+VLLM_SCORE_KEYS = ("text_1", "text_2", "queries", "documents")
+
+
+def _vllm_pairs(payload: dict, max_inputs: int) -> list[str]:
+    """vLLM's score inputs as texts: `text_1` (or `queries`) against `text_2` (or `documents`); one first
+    text is paired with every second text, equal-length lists pair up in order. Each pair is scored as
+    the concatenation `text_1 + text_2` (rmkit's prompt + response)."""
+    first_key = "text_1" if "text_1" in payload else "queries"
+    second_key = "text_2" if "text_2" in payload else "documents"
+    if first_key not in payload or second_key not in payload:
+        raise HTTPError(400, "send 'text_1' and 'text_2' (or 'queries' and 'documents')")
+    firsts = string_list(payload[first_key], first_key, max_inputs)
+    seconds = string_list(payload[second_key], second_key, max_inputs)
+    if len(firsts) == 1:
+        firsts = firsts * len(seconds)
+    if len(firsts) != len(seconds):
+        raise HTTPError(400, f"'{first_key}' has {len(firsts)} texts and '{second_key}' {len(seconds)}: "
+                             "send one, or as many as the other")
+    return [a + b for a, b in zip(firsts, seconds)]
+
+
+async def vllm_score_route(engine: ScoringEngine, payload: dict, max_inputs: int) -> dict:
+    """`POST /score` (and vLLM-shaped requests to `/v1/score`): `{"data": [{"index", "object": "score",
+    "score"}]}`, the score after the activation unless it is turned off (as /classify)."""
+    texts = _vllm_pairs(payload, max_inputs)
+    ids, _ = engine.encode_texts(texts)
+    logits = await engine.score_ids_async(ids)
+    scores = activation(logits) if activation_flag(payload) else logits
+    tokens = sum(map(len, ids))
+    data = [{"index": i, "object": "score", "score": row[0].item()} for i, row in enumerate(scores)]
+    return {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+            "model": requested_model(engine, payload), "data": data,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                      "prompt_tokens_details": None}}
+
+
+async def rerank_route(engine: ScoringEngine, payload: dict, max_inputs: int) -> dict:
+    """`POST /rerank` (also `/v1/rerank`): vLLM's (Jina/Cohere-style) rerank: `{"query", "documents",
+    "top_n"}` -> `results` sorted by `relevance_score`, each `query + document` scored as one text."""
+    if "query" not in payload or "documents" not in payload:
+        raise HTTPError(400, "send 'query' (a string) and 'documents' (a list of strings)")
+    if not isinstance(payload["query"], str):
+        raise HTTPError(422, "'query' must be a string")
+    documents = string_list(payload["documents"], "documents", max_inputs)
+    top_n = payload.get("top_n")
+    if top_n is not None and (isinstance(top_n, bool) or not isinstance(top_n, int) or top_n < 0):
+        raise HTTPError(422, "'top_n' must be a non-negative integer")
+    ids, _ = engine.encode_texts([payload["query"] + d for d in documents])
+    logits = await engine.score_ids_async(ids)
+    scores = (activation(logits) if activation_flag(payload) else logits)[:, 0].tolist()
+    order = sorted(range(len(documents)), key=lambda i: -scores[i])[: top_n or None]
+    return {"id": f"rerank-{uuid.uuid4().hex}", "model": requested_model(engine, payload),
+            "usage": {"total_tokens": sum(map(len, ids))},
+            "results": [{"index": i, "document": {"text": documents[i]}, "relevance_score": scores[i]}
+                        for i in order]}
+
+
+async def pooling_route(engine: ScoringEngine, payload: dict, max_inputs: int) -> dict:
+    """`POST /pooling`: vLLM's pooling API for a classifier: each input's raw head output `[K]`."""
+    if "input" in payload:
+        ids, _ = engine.encode_texts(string_list(payload["input"], "input", max_inputs))
+    elif "messages" in payload:
+        ids, _ = engine.encode_conversations([payload["messages"]])
+    else:
+        raise HTTPError(400, "send 'input' (a string or list of strings) or 'messages'")
+    raw = await engine.score_ids_async(ids)
+    tokens = sum(map(len, ids))
+    return {"id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+            "model": requested_model(engine, payload),
+            "data": [{"index": i, "object": "pooling", "data": row.tolist()} for i, row in enumerate(raw)],
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
+                      "prompt_tokens_details": None}}

@@ -9,6 +9,8 @@
                      -> {"rewards", "scores", "extra_logs"}
     POST /v1/embeddings  OpenAI embeddings shape (SGLang, verl's SGLang branch): each input's raw head
                      output as its "embedding"
+    POST /score, /rerank (/v1/rerank), /pooling   vLLM's score, rerank and pooling APIs (a vLLM score
+                     request to /v1/score is answered the same way)
     GET  /v1/models  the OpenAI / vLLM model list
     POST /predict    text-embeddings-inference: {"inputs": str | [str] | [str, str] | [[str, str]],
                      "raw_scores"} -> [{"score", "label"}] per input (a list of lists for a batch)
@@ -39,8 +41,11 @@ from rmkit.serve.routes import (
     embeddings_route,
     get_reward_route,
     models_listing,
+    pooling_route,
     predict_route,
+    rerank_route,
     score_route,
+    vllm_score_route,
 )
 
 log = logging.getLogger("rmkit.serve")
@@ -50,7 +55,9 @@ ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 413: "Payload
 
 # POST routes that score: each needs the API key when one is set, unless named in `open_routes`.
 SCORING_ROUTES = {"/v1/score": score_route, "/classify": classify_route, "/v1/classify": classify_route,
-                  "/predict": predict_route, "/get_reward": get_reward_route, "/v1/embeddings": embeddings_route}
+                  "/predict": predict_route, "/get_reward": get_reward_route, "/v1/embeddings": embeddings_route,
+                  "/score": vllm_score_route, "/rerank": rerank_route, "/v1/rerank": rerank_route,
+                  "/pooling": pooling_route}
 
 
 def error_response(status: int, message: str) -> JSONResponse:

@@ -144,3 +144,36 @@ def test_content_parts_score_as_their_text(open_server):
     image = [[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]]
     refused = httpx.post(open_server.url + "/v1/score", json={"conversations": image}, headers=headers, timeout=30)
     assert refused.status_code == 400 and "conversation 0[0].content[0]" in refused.json()["message"]
+
+
+def _post(server, path, payload):
+    return httpx.post(server.url + path, json=payload, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=30)
+
+
+def test_vllm_score_on_both_paths(open_server, scorer):
+    """vLLM's score API: one text_1 against each text_2 (or paired lists); rmkit's native /v1/score keeps
+    answering `texts`, and a vLLM request to /v1/score gets vLLM's answer."""
+    prompt, replies = "what is the capital of france ", ["paris", "berlin"]
+    expected = [1 / (1 + math.exp(-r)) for r in scorer.score([prompt + r for r in replies])[:, 0].tolist()]
+    for path in ("/score", "/v1/score"):
+        body = _post(open_server, path, {"model": "rm", "text_1": prompt, "text_2": replies}).json()
+        assert body["object"] == "list" and body["model"] == "rm"
+        assert [d["object"] for d in body["data"]] == ["score", "score"]
+        assert [d["score"] for d in body["data"]] == pytest.approx(expected, abs=TOL)
+    paired = _post(open_server, "/score", {"queries": [prompt, prompt], "documents": replies, "use_activation": False})
+    assert [d["score"] for d in paired.json()["data"]] == pytest.approx(
+        scorer.score([prompt + r for r in replies])[:, 0].tolist(), abs=TOL)
+    mismatch = _post(open_server, "/score", {"text_1": ["a", "b"], "text_2": ["a", "b", "c"]})
+    assert mismatch.status_code == 400 and "send one, or as many" in mismatch.json()["message"]
+
+
+def test_vllm_rerank_and_pooling(open_server, scorer):
+    query, documents = "what is the capital of france ", ["berlin", "paris", "no"]
+    raw = scorer.score([query + d for d in documents])[:, 0].tolist()
+    body = _post(open_server, "/rerank", {"model": "rm", "query": query, "documents": documents, "top_n": 2}).json()
+    best = sorted(range(3), key=lambda i: -raw[i])[:2]
+    assert [r["index"] for r in body["results"]] == best
+    assert body["results"][0]["document"] == {"text": documents[best[0]]}
+    pooled = _post(open_server, "/pooling", {"model": "rm", "input": documents}).json()
+    assert [d["object"] for d in pooled["data"]] == ["pooling"] * 3
+    assert [d["data"][0] for d in pooled["data"]] == pytest.approx(scorer.score(documents)[:, 0].tolist(), abs=TOL)
