@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from rmkit.data.tokenize import keep_end
 from rmkit.data.validate import check_messages
 from rmkit.errors import ConfigError
 from rmkit.inference import load_scorer
@@ -118,6 +119,23 @@ class ScoringEngine:
             if not text:
                 raise InputError(f"input {i} is an empty string")
         return self._fit(texts, overlong)
+
+    def check_token_ids(self, sequences, overlong: str | None = None) -> tuple[list[list[int]], int]:
+        """Client-tokenized inputs (lists of token ids) checked against the vocabulary and cut by the same
+        rule as text (leading special tokens and the end); how many were cut."""
+        if not isinstance(sequences, list) or not sequences:
+            raise InputError("no inputs to score")
+        vocab = self.scorer.model.get_input_embeddings().num_embeddings
+        out, truncated = [], 0
+        for i, ids in enumerate(sequences):
+            if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
+                raise InputError(f"input {i} must be a non-empty list of token ids in [0, {vocab})")
+            if len(ids) > self.max_length:
+                if (overlong or self.overlong) == "refuse":
+                    raise InputError(f"input {i} has {len(ids)} tokens, over the maximum of {self.max_length}")
+                ids, truncated = keep_end(self.tokenizer, list(ids), self.max_length), truncated + 1
+            out.append(list(ids))
+        return out, truncated
 
     def encode_conversations(self, conversations: Sequence[list[dict]]) -> tuple[list[list[int]], int]:
         """Token ids of each conversation (the model's chat template) and how many were truncated; the

@@ -11,6 +11,7 @@ import uuid
 
 import torch
 
+from rmkit.data.tokenize import keep_end
 from rmkit.serve.engine import InputError, ScoringEngine
 
 
@@ -75,12 +76,7 @@ async def score_route(engine: ScoringEngine, payload: dict, max_inputs: int) -> 
 
 async def classify_route(engine: ScoringEngine, payload: dict, max_inputs: int) -> dict:
     """`POST /classify`: vLLM's classify API (one conversation under `messages`)."""
-    if "messages" in payload:
-        ids, _ = engine.encode_conversations([payload["messages"]])
-    elif "input" in payload:
-        ids, _ = engine.encode_texts(string_list(payload["input"], "input", max_inputs))
-    else:
-        raise HTTPError(400, "send 'input' (a string or list of strings) or 'messages'")
+    ids = vllm_input_ids(engine, payload, max_inputs)
     use_activation = activation_flag(payload)
     logits = await engine.score_ids_async(ids)
     probs = activation(logits) if use_activation else logits
@@ -91,6 +87,48 @@ async def classify_route(engine: ScoringEngine, payload: dict, max_inputs: int) 
             "model": requested_model(engine, payload), "data": data,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
                       "prompt_tokens_details": None}}
+
+def vllm_input_ids(engine: ScoringEngine, payload: dict, max_inputs: int) -> list[list[int]]:
+    """Token ids of a vLLM classify / pooling request: `messages` (one conversation), or `input` as text(s)
+    or token ids (`[int]` or `[[int]]`). `add_special_tokens: false` tokenizes text without the
+    tokenizer's special tokens; `truncate_prompt_tokens: k` keeps at most k tokens (the leading special
+    tokens and the end; -1: the model's maximum)."""
+    if "messages" in payload:
+        ids, _ = engine.encode_conversations([payload["messages"]])
+    elif "input" not in payload:
+        raise HTTPError(400, "send 'input' (text(s) or token ids) or 'messages'")
+    elif _is_token_ids(payload["input"]):
+        value = payload["input"]
+        sequences = [value] if value and isinstance(value[0], int) else value
+        check_count(sequences, "input", max_inputs)
+        ids, _ = engine.check_token_ids(sequences)
+    else:
+        texts = string_list(payload["input"], "input", max_inputs)
+        special = payload.get("add_special_tokens", True)
+        if not isinstance(special, bool):
+            raise HTTPError(422, "'add_special_tokens' must be a boolean")
+        if special:
+            ids, _ = engine.encode_texts(texts)
+        else:
+            ids, _ = engine.check_token_ids([engine.tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts])
+    limit = payload.get("truncate_prompt_tokens")
+    if limit is not None:
+        if isinstance(limit, bool) or not isinstance(limit, int) or (limit < 1 and limit != -1):
+            raise HTTPError(422, "'truncate_prompt_tokens' must be a positive integer or -1")
+        limit = engine.max_length if limit == -1 else min(limit, engine.max_length)
+        ids = [keep_end(engine.tokenizer, seq, limit) for seq in ids]
+    return ids
+
+
+def _is_token_ids(value) -> bool:
+    """`[int, ...]` or `[[int, ...], ...]` (vLLM accepts pre-tokenized prompts)."""
+    if not isinstance(value, list) or not value:
+        return False
+    if all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+        return True
+    return all(isinstance(row, list) and row and all(isinstance(t, int) and not isinstance(t, bool) for t in row)
+               for row in value)
+
 
 def activation_flag(payload: dict) -> bool:
     """Whether /classify applies the activation, with vLLM's precedence among its three spellings:
@@ -269,12 +307,7 @@ async def rerank_route(engine: ScoringEngine, payload: dict, max_inputs: int) ->
 
 async def pooling_route(engine: ScoringEngine, payload: dict, max_inputs: int) -> dict:
     """`POST /pooling`: vLLM's pooling API for a classifier: each input's raw head output `[K]`."""
-    if "input" in payload:
-        ids, _ = engine.encode_texts(string_list(payload["input"], "input", max_inputs))
-    elif "messages" in payload:
-        ids, _ = engine.encode_conversations([payload["messages"]])
-    else:
-        raise HTTPError(400, "send 'input' (a string or list of strings) or 'messages'")
+    ids = vllm_input_ids(engine, payload, max_inputs)
     raw = await engine.score_ids_async(ids)
     tokens = sum(map(len, ids))
     return {"id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),

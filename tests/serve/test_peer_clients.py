@@ -177,3 +177,26 @@ def test_vllm_rerank_and_pooling(open_server, scorer):
     pooled = _post(open_server, "/pooling", {"model": "rm", "input": documents}).json()
     assert [d["object"] for d in pooled["data"]] == ["pooling"] * 3
     assert [d["data"][0] for d in pooled["data"]] == pytest.approx(scorer.score(documents)[:, 0].tolist(), abs=TOL)
+
+
+def test_vllm_classify_token_ids_special_tokens_and_truncation(open_server, scorer):
+    from rmkit.data.tokenize import keep_end
+
+    def raw(payload):
+        response = _post(open_server, "/classify", {"model": "rm", "use_activation": False, **payload})
+        assert response.status_code == 200, response.text
+        return [d["probs"][0] for d in response.json()["data"]]
+
+    ids = [i for i, _ in scorer.encode(TEXTS[:2])]
+    expected = scorer.score_ids(ids)[:, 0].tolist()
+    assert raw({"input": ids[0]}) == pytest.approx(expected[:1], abs=TOL)  # one pre-tokenized prompt
+    assert raw({"input": ids}) == pytest.approx(expected, abs=TOL)
+    bare = scorer.tokenizer(TEXTS[0], add_special_tokens=False)["input_ids"]
+    assert bare != ids[0]  # this tokenizer adds BOS
+    assert raw({"input": TEXTS[0], "add_special_tokens": False}) == pytest.approx(
+        scorer.score_ids([bare])[:, 0].tolist(), abs=TOL)
+    kept = keep_end(scorer.tokenizer, ids[0], 3)
+    assert raw({"input": TEXTS[0], "truncate_prompt_tokens": 3}) == pytest.approx(
+        scorer.score_ids([kept])[:, 0].tolist(), abs=TOL)
+    bad = _post(open_server, "/classify", {"input": [1, 10_000]})
+    assert bad.status_code == 400 and "token ids in [0," in bad.json()["message"]
