@@ -17,7 +17,8 @@
     GET  /health, GET /metrics (Prometheus text)
 
 Bodies are read here and checked in `rmkit.serve.routes`, not by pydantic, so every bad request gets one JSON error in the
-OpenAI/vLLM shape `{"object": "error", "message", "type", "code"}` that names the problem.
+OpenAI/vLLM shape `{"object": "error", "message", "type", "code"}` that names the problem; `rmkit.serve.schemas`
+describes every body and answer at `/openapi.json`.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from rmkit.serve.routes import (
     score_route,
     vllm_score_route,
 )
+from rmkit.serve.schemas import install_openapi
 
 log = logging.getLogger("rmkit.serve")
 ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 413: "PayloadTooLargeError",
@@ -104,6 +106,7 @@ def create_app(
         engine.close()  # uvicorn has finished the in-flight requests by now
 
     app = FastAPI(title="rmkit reward model server", lifespan=lifespan)
+    install_openapi(app)
     app.state.engine, app.state.metrics = engine, metrics
 
     def authorize(request: Request, route: str) -> None:
