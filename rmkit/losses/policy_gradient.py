@@ -113,7 +113,8 @@ class ClippedPGLossFn:
                                                      else exp(curr - curr.detach()) (value 1)
         loss = reduce(actor) + beta * reduce(kl)
 
-    `w` is not detached: it carries the score-function part of the KL's gradient. `reduce` is the
+    `w` carries the score-function part of the KL's gradient, except on tokens where the input
+    clamp is active: there it is detached, so such a token gets no KL gradient at all. `reduce` is the
     masked sum over `global_valid_toks` (token_level_loss) or each sequence's token mean summed
     over `global_valid_seqs`. `advantages` is `[B, S]` aligned with input_ids, or `[B]` (one value
     per sequence). `reference_policy_logprobs` may be absent when beta == 0.
@@ -145,8 +146,12 @@ class ClippedPGLossFn:
             weight = _finite(torch.exp(curr - _masked_input(data["generation_logprobs"], mask)))
         else:
             weight = torch.exp(curr - curr.detach())
-        log_ratio = _clamp(ref - curr, self.cfg["kl_input_clamp_value"])
-        kl = _clamp(weight * self.kl_estimator(log_ratio), self.cfg["kl_output_clamp_value"])
+        log_ratio = ref - curr
+        clamped = _clamp(log_ratio, self.cfg["kl_input_clamp_value"])
+        # Where the input clamp bites, the estimator is constant in curr; so is the weight (NeMo RL
+        # detaches it there), or its score-function gradient would survive the clamp.
+        weight = torch.where(clamped == log_ratio, weight, weight.detach())
+        kl = _clamp(weight * self.kl_estimator(clamped), self.cfg["kl_output_clamp_value"])
         return self._reduce(kl, mask, gvs, gvt)
 
     def _actor(self, curr, prev, gen, advantages, mask, gvs, gvt):

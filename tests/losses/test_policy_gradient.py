@@ -1,11 +1,14 @@
-"""ClippedPGLossFn against a loop reference, hand-worked clipping cases and config validation."""
+"""ClippedPGLossFn against a loop reference, hand-worked clipping cases and config validation.
+
+NeMo RL's own unit tests, re-created, are in test_policy_gradient_nemo.py.
+"""
 
 import math
 
-import loss_reference as ref
 import pytest
 import torch
 from loss_data import global_counts, random_batch
+from loss_reference import token_logprob
 
 from rmkit.losses import ClippedPGLossFn
 
@@ -37,8 +40,75 @@ CONFIGS = {
         "kl_output_clamp_value": 0.02,
         "reference_policy_kl_penalty": 1.0,
     },
+    "input_clamp_on_policy": {  # the input clamp must stop the on-policy weight's gradient too
+        "use_on_policy_kl_approximation": True,
+        "kl_input_clamp_value": 0.3,
+        "kl_output_clamp_value": None,
+        "reference_policy_kl_penalty": 1.0,
+    },
     "no_kl": {"reference_policy_kl_penalty": 0.0},
 }
+
+
+def _kl_token(curr, gen, ref_lp, cfg):
+    """Weighted, clamped KL estimate of one token (a scalar tensor), as NeMo RL's calculate_kl."""
+    log_ratio = ref_lp - curr
+    weight = torch.exp(curr - gen) if cfg["use_on_policy_kl_approximation"] else torch.exp(curr - curr.detach())
+    bound = cfg.get("kl_input_clamp_value", 20.0)
+    if bound is not None and abs(log_ratio.item()) > bound:
+        # The clamped input is a constant, and the weight is detached with it: no gradient at all.
+        log_ratio = torch.tensor(math.copysign(bound, log_ratio.item()), dtype=torch.float64)
+        weight = weight.detach()
+    kind = cfg.get("reference_policy_kl_type", "k3")
+    if kind == "k1":
+        k = -log_ratio
+    elif kind == "k2":
+        k = log_ratio**2 / 2
+    else:
+        k = torch.exp(log_ratio) - 1 - log_ratio
+    kl = weight * k
+    out = cfg.get("kl_output_clamp_value", 10.0)
+    if out is not None and abs(kl.item()) > out:
+        kl = torch.tensor(math.copysign(out, kl.item()), dtype=torch.float64)
+    return kl
+
+
+def _actor_token(curr, prev, gen, adv, cfg):
+    """Clipped surrogate of one token (a scalar tensor), before any reduction."""
+    ratio = torch.exp(curr - prev)
+    if cfg.get("disable_ppo_ratio"):
+        actor = -adv * curr
+    else:
+        clipped = torch.clamp(ratio, 1 - cfg["ratio_clip_min"], 1 + cfg["ratio_clip_max"])
+        actor = torch.maximum(-adv * ratio, -adv * clipped)
+        c = cfg.get("ratio_clip_c")
+        if c is not None and adv < 0:
+            actor = torch.minimum(actor, torch.tensor(-adv * c, dtype=torch.float64))
+    if cfg["use_importance_sampling_correction"]:
+        actor = actor * math.exp(prev - gen)
+    return actor
+
+
+def reference_loss(logits, data, gvs, gvt, cfg):
+    """The loss as a Python loop over rows and tokens, in float64."""
+    actor_total = kl_total = torch.zeros((), dtype=torch.float64)
+    for b in range(logits.shape[0]):
+        tokens = [t for t in range(1, logits.shape[1]) if data["token_mask"][b, t]]
+        if not data["sample_mask"][b] or not tokens:
+            continue
+        seq_actor = seq_kl = torch.zeros((), dtype=torch.float64)
+        for t in tokens:
+            curr = token_logprob(logits[b, t - 1], int(data["input_ids"][b, t]))
+            adv = data["advantages"][b] if data["advantages"].dim() == 1 else data["advantages"][b, t]
+            prev, gen = float(data["prev_logprobs"][b, t]), float(data["generation_logprobs"][b, t])
+            seq_actor = seq_actor + _actor_token(curr, prev, gen, float(adv), cfg)
+            seq_kl = seq_kl + _kl_token(curr, gen, float(data["reference_policy_logprobs"][b, t]), cfg)
+        if cfg["token_level_loss"]:
+            actor_total, kl_total = actor_total + seq_actor / gvt, kl_total + seq_kl / gvt
+        else:
+            n = len(tokens)
+            actor_total, kl_total = actor_total + seq_actor / n / gvs, kl_total + seq_kl / n / gvs
+    return actor_total + cfg["reference_policy_kl_penalty"] * kl_total
 
 
 @pytest.mark.parametrize("seed,name", list(enumerate(sorted(CONFIGS))))
@@ -50,7 +120,7 @@ def test_matches_loop_reference_values_and_gradients(seed, name, per_seq_adv):
     logits, data = random_batch(per_seq_advantages=per_seq_adv, seed=seed)
     gvs, gvt = global_counts(data)
     loss, metrics = ClippedPGLossFn(cfg)(logits, data, gvs, gvt)
-    want = ref.clipped_pg(logits, data, gvs, gvt, cfg)
+    want = reference_loss(logits, data, gvs, gvt, cfg)
     torch.testing.assert_close(loss, want, rtol=1e-10, atol=1e-14)
     (g,) = torch.autograd.grad(loss, logits, retain_graph=True)
     (g_want,) = torch.autograd.grad(want, logits)
@@ -178,3 +248,33 @@ def test_kl_needs_reference_logprobs():
         ClippedPGLossFn(BASE)(logits, data, gvs, gvt)
     loss, metrics = ClippedPGLossFn({**BASE, "reference_policy_kl_penalty": 0.0})(logits, data, gvs, gvt)
     assert metrics["kl_penalty"] == 0.0 and torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("input_clamp,kl_value,curr_grad", [
+    # ref - curr = -24 is clamped to -20: k3 = e^-20 - 1 + 20, times the weight exp(curr - gen) = 0.1
+    # gives 1.9 (below the output clamp). Clamped, the token has no KL gradient at all (NeMo RL
+    # detaches the weight there); before the fix it kept d(w * k)/d curr = w * k = 1.9.
+    (20.0, 0.1 * (math.exp(-20) + 19), 0.0),
+    # Unclamped (bound 25): k3 = e^-24 + 23; d/d curr [w * k] = w * k + w * (1 - e^-24).
+    (25.0, 0.1 * (math.exp(-24) + 23), 0.1 * (math.exp(-24) + 23) + 0.1 * (1 - math.exp(-24))),
+])
+def test_input_clamp_stops_the_kl_gradient(input_clamp, kl_value, curr_grad):
+    logits = torch.zeros(1, 2, 2, dtype=torch.float64, requires_grad=True)
+    curr = math.log(0.5)  # logits [0, 0]
+    lp = lambda x: torch.tensor([[0.0, x]], dtype=torch.float64)  # noqa: E731
+    data = {
+        "input_ids": torch.tensor([[0, 1]]),
+        "token_mask": torch.tensor([[0.0, 1.0]]),
+        "sample_mask": torch.ones(1),
+        "advantages": torch.zeros(1, 2, dtype=torch.float64),
+        "prev_logprobs": lp(curr),
+        "generation_logprobs": lp(curr - math.log(0.1)),  # weight exp(curr - gen) = 0.1
+        "reference_policy_logprobs": lp(curr - 24.0),  # log-ratio ref - curr = -24
+    }
+    cfg = {**BASE, "reference_policy_kl_penalty": 1.0, "use_on_policy_kl_approximation": True,
+           "kl_input_clamp_value": input_clamp}
+    loss, metrics = ClippedPGLossFn(cfg)(logits, data, 1, 1)
+    loss.backward()
+    # float64; 1e-12 relative. d logp(token 1) / d logit 1 = 1 - 1/2, and the actor term is 0 (A = 0).
+    assert metrics["kl_penalty"].item() == pytest.approx(kl_value, rel=1e-12)
+    assert logits.grad[0, 0, 1].item() == pytest.approx(curr_grad * 0.5, rel=1e-12, abs=1e-15)
