@@ -12,6 +12,7 @@ from typing import Any, TypedDict
 import torch
 
 from rmkit.losses.dpo import check_config_keys
+from rmkit.losses.kl import KL_ESTIMATORS, calculate_kl
 from rmkit.losses.logprobs import next_token_logprobs
 from rmkit.losses.masking import masked_mean
 from rmkit.losses.nll import loss_token_mask
@@ -48,18 +49,6 @@ DEFAULTS = {
     "kl_input_clamp_value": 20.0,
     "kl_output_clamp_value": 10.0,
 }
-
-# KL estimators of KL(pi || pi_ref) from log_ratio = log pi_ref - log pi (after the input clamp).
-KL_ESTIMATORS = {
-    "k1": lambda log_ratio: -log_ratio,
-    "k2": lambda log_ratio: 0.5 * log_ratio**2,
-    "k3": lambda log_ratio: torch.exp(log_ratio) - log_ratio - 1,
-}
-
-
-def _clamp(x: torch.Tensor, bound: float | None) -> torch.Tensor:
-    return x if bound is None else x.clamp(min=-bound, max=bound)
-
 
 def _finite(x: torch.Tensor) -> torch.Tensor:
     return torch.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)
@@ -132,7 +121,6 @@ class ClippedPGLossFn:
         self.inplace_backward = inplace_backward
         self.cfg = _validate(dict(cfg))
         self.beta = float(self.cfg["reference_policy_kl_penalty"])
-        self.kl_estimator = KL_ESTIMATORS[self.cfg["reference_policy_kl_type"]]
 
     def _reduce(self, values, mask, global_valid_seqs, global_valid_toks) -> torch.Tensor:
         if self.cfg["token_level_loss"]:
@@ -146,12 +134,14 @@ class ClippedPGLossFn:
             weight = _finite(torch.exp(curr - _masked_input(data["generation_logprobs"], mask)))
         else:
             weight = torch.exp(curr - curr.detach())
-        log_ratio = ref - curr
-        clamped = _clamp(log_ratio, self.cfg["kl_input_clamp_value"])
-        # Where the input clamp bites, the estimator is constant in curr; so is the weight (NeMo RL
-        # detaches it there), or its score-function gradient would survive the clamp.
-        weight = torch.where(clamped == log_ratio, weight, weight.detach())
-        kl = _clamp(weight * self.kl_estimator(clamped), self.cfg["kl_output_clamp_value"])
+        kl = calculate_kl(
+            curr,
+            ref,
+            self.cfg["reference_policy_kl_type"],
+            self.cfg["kl_input_clamp_value"],
+            self.cfg["kl_output_clamp_value"],
+            importance_weights=weight,
+        )
         return self._reduce(kl, mask, gvs, gvt)
 
     def _actor(self, curr, prev, gen, advantages, mask, gvs, gvt):
