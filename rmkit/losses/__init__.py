@@ -3,6 +3,7 @@
 from rmkit.data.records import MISSING_LABEL
 from rmkit.losses.advantages import grpo_group_advantages
 from rmkit.losses.dpo import DPOLossConfig, DPOLossFn
+from rmkit.losses.kl import calculate_kl
 from rmkit.losses.logprobs import aligned_logprobs, next_token_logprobs
 from rmkit.losses.masking import masked_mean, valid_counts
 from rmkit.losses.nll import NLLLoss
@@ -25,6 +26,7 @@ __all__ = [
     "RegressionLoss",
     "SequencePackingLossWrapper",
     "aligned_logprobs",
+    "calculate_kl",
     "grpo_group_advantages",
     "masked_mean",
     "next_token_logprobs",

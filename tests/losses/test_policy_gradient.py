@@ -1,13 +1,16 @@
-"""ClippedPGLossFn against a loop reference, hand-worked clipping cases and config validation."""
+"""ClippedPGLossFn against a loop reference, hand-worked clipping cases and config validation.
+
+NeMo RL's own unit tests, re-created, are in test_policy_gradient_nemo.py.
+"""
 
 import math
 
-import loss_reference as ref
 import pytest
 import torch
 from loss_data import global_counts, random_batch
+from loss_reference import token_logprob
 
-from rmkit.losses import ClippedPGLossFn
+from rmkit.losses import ClippedPGLossFn, aligned_logprobs
 
 BASE = {
     "reference_policy_kl_penalty": 0.05,
@@ -37,8 +40,152 @@ CONFIGS = {
         "kl_output_clamp_value": 0.02,
         "reference_policy_kl_penalty": 1.0,
     },
+    "input_clamp_on_policy": {  # the input clamp must stop the on-policy weight's gradient too
+        "use_on_policy_kl_approximation": True,
+        "kl_input_clamp_value": 0.3,
+        "kl_output_clamp_value": None,
+        "reference_policy_kl_penalty": 1.0,
+    },
     "no_kl": {"reference_policy_kl_penalty": 0.0},
+    "gspo": {"sequence_level_importance_ratios": True, "token_level_loss": False},
+    "gspo_importance_sampling": {
+        "sequence_level_importance_ratios": True,
+        "token_level_loss": False,
+        "use_importance_sampling_correction": True,
+    },
+    "cispo": {"use_cispo": True, "use_importance_sampling_correction": True},
+    "force_on_policy": {"force_on_policy_ratio": True, "use_importance_sampling_correction": True},
+    "force_on_policy_reinforce": {"force_on_policy_ratio": True, "disable_ppo_ratio": True},
+    "tis": {
+        "use_importance_sampling_correction": True,
+        "truncated_importance_sampling_type": "tis",
+        "truncated_importance_sampling_ratio": 1.2,
+        "truncated_importance_sampling_ratio_min": 0.8,
+    },
+    "tis_gspo": {
+        "sequence_level_importance_ratios": True,
+        "token_level_loss": False,
+        "use_importance_sampling_correction": True,
+        "truncated_importance_sampling_type": "tis",
+        "truncated_importance_sampling_ratio": 1.5,
+    },
+    "icepop": {
+        "use_importance_sampling_correction": True,
+        "truncated_importance_sampling_type": "icepop",
+        "truncated_importance_sampling_ratio": 1.3,
+        "truncated_importance_sampling_ratio_min": 0.7,
+    },
+    "seq_mask_tis": {
+        "use_importance_sampling_correction": True,
+        "truncated_importance_sampling_type": "seq-mask-tis",
+        "truncated_importance_sampling_ratio": 1.1,
+        "truncated_importance_sampling_ratio_min": 0.95,
+    },
+    "kl_in_reward": {"use_kl_in_reward": True, "reference_policy_kl_penalty": 0.5},
+    "positive_nll": {"positive_example_nll_weight": 0.3},
 }
+
+
+def _kl_token(curr, gen, ref_lp, cfg):
+    """Weighted, clamped KL estimate of one token (a scalar tensor), as NeMo RL's calculate_kl."""
+    log_ratio = ref_lp - curr
+    weight = torch.exp(curr - gen) if cfg["use_on_policy_kl_approximation"] else torch.exp(curr - curr.detach())
+    bound = cfg.get("kl_input_clamp_value", 20.0)
+    if bound is not None and abs(log_ratio.item()) > bound:
+        # The clamped input is a constant, and the weight is detached with it: no gradient at all.
+        log_ratio = torch.tensor(math.copysign(bound, log_ratio.item()), dtype=torch.float64)
+        weight = weight.detach()
+    kind = cfg.get("reference_policy_kl_type", "k3")
+    if kind == "k1":
+        k = -log_ratio
+    elif kind == "k2":
+        k = log_ratio**2 / 2
+    else:
+        k = torch.exp(log_ratio) - 1 - log_ratio
+    kl = weight * k
+    out = cfg.get("kl_output_clamp_value", 10.0)
+    if out is not None and abs(kl.item()) > out:
+        kl = torch.tensor(math.copysign(out, kl.item()), dtype=torch.float64)
+    return kl
+
+
+def _finite(x):
+    return x if math.isfinite(x) else 0.0
+
+
+def _actor_weights(prev, gen, cfg):
+    """The actor's importance weights of one row's tokens (lists of floats), truncated per cfg."""
+    diffs = [p - g for p, g in zip(prev, gen)]
+    if cfg.get("sequence_level_importance_ratios"):
+        weights = [_finite(math.exp(sum(diffs)))] * len(diffs)
+    else:
+        weights = [_finite(math.exp(d)) for d in diffs]
+    kind = cfg.get("truncated_importance_sampling_type")
+    high, low = cfg.get("truncated_importance_sampling_ratio"), cfg.get("truncated_importance_sampling_ratio_min")
+    if kind == "tis":
+        weights = [min(max(w, low or 0.0), high) for w in weights]
+    elif kind == "icepop":
+        weights = [w if low <= w <= high else 0.0 for w in weights]
+    elif kind == "seq-mask-tis":
+        geo_mean = math.exp(sum(_finite(d) for d in diffs) / len(diffs))
+        weights = weights if low <= geo_mean <= high else [0.0] * len(weights)
+    return weights
+
+
+def _actor_row(curr, prev, gen, adv, cfg):
+    """Per-token actor terms of one row: `curr` a list of scalar tensors, the rest lists of floats."""
+    if cfg.get("force_on_policy_ratio"):
+        prev = [c.item() for c in curr]
+        ratios = [torch.exp(c - c.detach()) for c in curr]
+    elif cfg.get("sequence_level_importance_ratios"):
+        ratios = [torch.exp(sum(c - p for c, p in zip(curr, prev)) / len(curr))] * len(curr)
+    else:
+        ratios = [torch.exp(c - p) for c, p in zip(curr, prev)]
+    weights = _actor_weights(prev, gen, cfg)
+    terms = []
+    for c, r, a, w in zip(curr, ratios, adv, weights):
+        clipped = r if cfg.get("force_on_policy_ratio") else torch.clamp(
+            r, 1 - cfg["ratio_clip_min"], 1 + cfg["ratio_clip_max"])
+        if cfg.get("use_cispo"):
+            term = -a * clipped.detach() * c
+        elif cfg.get("disable_ppo_ratio") and not cfg.get("force_on_policy_ratio"):
+            term = -a * c
+        else:
+            term = torch.maximum(-a * r, -a * clipped)
+            if cfg.get("ratio_clip_c") is not None and a < 0:
+                term = torch.minimum(term, torch.tensor(-a * cfg["ratio_clip_c"], dtype=torch.float64))
+        terms.append(term * w if cfg["use_importance_sampling_correction"] else term)
+    return terms
+
+
+def reference_loss(logits, data, gvs, gvt, cfg):
+    """The loss as a Python loop over rows and tokens, in float64."""
+    actor_total = kl_total = nll_total = torch.zeros((), dtype=torch.float64)
+    nll_count = 0
+    for b in range(logits.shape[0]):
+        tokens = [t for t in range(1, logits.shape[1]) if data["token_mask"][b, t]]
+        if not data["sample_mask"][b] or not tokens:
+            continue
+        curr = [token_logprob(logits[b, t - 1], int(data["input_ids"][b, t])) for t in tokens]
+        per_seq_adv = data["advantages"].dim() == 1
+        adv = [float(data["advantages"][b] if per_seq_adv else data["advantages"][b, t]) for t in tokens]
+        prev = [float(data["prev_logprobs"][b, t]) for t in tokens]
+        gen = [float(data["generation_logprobs"][b, t]) for t in tokens]
+        actor = sum(_actor_row(curr, prev, gen, adv, cfg))
+        kl_curr = curr
+        if "curr_logprobs_unfiltered" in data:
+            kl_curr = [data["curr_logprobs_unfiltered"][b, t] for t in tokens]
+        kl = sum(_kl_token(c, g, float(data["reference_policy_logprobs"][b, t]), cfg)
+                 for c, g, t in zip(kl_curr, gen, tokens))
+        if "rewards" in data and data["rewards"][b] > 0:
+            nll_total, nll_count = nll_total - sum(curr), nll_count + len(tokens)
+        if cfg["token_level_loss"]:
+            actor_total, kl_total = actor_total + actor / gvt, kl_total + kl / gvt
+        else:
+            actor_total, kl_total = actor_total + actor / len(tokens) / gvs, kl_total + kl / len(tokens) / gvs
+    beta = 0.0 if cfg.get("use_kl_in_reward") else cfg["reference_policy_kl_penalty"]
+    nll = nll_total / nll_count if nll_count else nll_total
+    return actor_total + beta * kl_total + cfg.get("positive_example_nll_weight", 0.0) * nll
 
 
 @pytest.mark.parametrize("seed,name", list(enumerate(sorted(CONFIGS))))
@@ -48,9 +195,11 @@ def test_matches_loop_reference_values_and_gradients(seed, name, per_seq_adv):
     # gradients (observed ~1e-15).
     cfg = {**BASE, **CONFIGS[name]}
     logits, data = random_batch(per_seq_advantages=per_seq_adv, seed=seed)
+    if "positive_example_nll_weight" in cfg:
+        data["rewards"] = torch.tensor([1.0, 1.0, 0.0, 0.5])  # rows 0 and 3 count (row 1 is masked)
     gvs, gvt = global_counts(data)
     loss, metrics = ClippedPGLossFn(cfg)(logits, data, gvs, gvt)
-    want = ref.clipped_pg(logits, data, gvs, gvt, cfg)
+    want = reference_loss(logits, data, gvs, gvt, cfg)
     torch.testing.assert_close(loss, want, rtol=1e-10, atol=1e-14)
     (g,) = torch.autograd.grad(loss, logits, retain_graph=True)
     (g_want,) = torch.autograd.grad(want, logits)
@@ -58,6 +207,27 @@ def test_matches_loop_reference_values_and_gradients(seed, name, per_seq_adv):
     assert torch.all(g[1] == 0)  # row 1 has sample_mask 0
     assert math.isfinite(metrics["loss"]) and metrics["num_valid_samples"] == 3
     assert metrics["probs_ratio_min"] <= metrics["probs_ratio"] <= metrics["probs_ratio_max"]
+
+
+@pytest.mark.parametrize("on_policy", [False, True])
+def test_kl_uses_curr_logprobs_unfiltered(on_policy):
+    # The KL term (estimator and weight) reads the unfiltered log-probs when given; here those of
+    # the logits at temperature 1.25, so both the value and the gradient differ from curr's. 1e-10.
+    cfg = {**BASE, "reference_policy_kl_penalty": 0.7, "use_on_policy_kl_approximation": on_policy}
+    logits, data = random_batch(seed=3)
+    data["curr_logprobs_unfiltered"] = aligned_logprobs(logits * 0.8, data["input_ids"])
+    gvs, gvt = global_counts(data)
+    loss, _ = ClippedPGLossFn(cfg)(logits, data, gvs, gvt)
+    want = reference_loss(logits, data, gvs, gvt, cfg)
+    torch.testing.assert_close(loss, want, rtol=1e-10, atol=1e-14)
+    (g,) = torch.autograd.grad(loss, logits, retain_graph=True)
+    (g_want,) = torch.autograd.grad(want, logits)
+    torch.testing.assert_close(g, g_want, rtol=1e-10, atol=1e-14)
+    del data["curr_logprobs_unfiltered"]
+    assert not torch.isclose(ClippedPGLossFn(cfg)(logits, data, gvs, gvt)[0], loss)
+    data["curr_logprobs_unfiltered"] = torch.zeros(4, 6)
+    with pytest.raises(ValueError, match="curr_logprobs_unfiltered must be"):
+        ClippedPGLossFn(cfg)(logits, data, gvs, gvt)
 
 
 def _one_token(ratio, advantage, **overrides):
@@ -178,3 +348,33 @@ def test_kl_needs_reference_logprobs():
         ClippedPGLossFn(BASE)(logits, data, gvs, gvt)
     loss, metrics = ClippedPGLossFn({**BASE, "reference_policy_kl_penalty": 0.0})(logits, data, gvs, gvt)
     assert metrics["kl_penalty"] == 0.0 and torch.isfinite(loss)
+
+
+@pytest.mark.parametrize("input_clamp,kl_value,curr_grad", [
+    # ref - curr = -24 is clamped to -20: k3 = e^-20 - 1 + 20, times the weight exp(curr - gen) = 0.1
+    # gives 1.9 (below the output clamp). Clamped, the token has no KL gradient at all (NeMo RL
+    # detaches the weight there); before the fix it kept d(w * k)/d curr = w * k = 1.9.
+    (20.0, 0.1 * (math.exp(-20) + 19), 0.0),
+    # Unclamped (bound 25): k3 = e^-24 + 23; d/d curr [w * k] = w * k + w * (1 - e^-24).
+    (25.0, 0.1 * (math.exp(-24) + 23), 0.1 * (math.exp(-24) + 23) + 0.1 * (1 - math.exp(-24))),
+])
+def test_input_clamp_stops_the_kl_gradient(input_clamp, kl_value, curr_grad):
+    logits = torch.zeros(1, 2, 2, dtype=torch.float64, requires_grad=True)
+    curr = math.log(0.5)  # logits [0, 0]
+    lp = lambda x: torch.tensor([[0.0, x]], dtype=torch.float64)  # noqa: E731
+    data = {
+        "input_ids": torch.tensor([[0, 1]]),
+        "token_mask": torch.tensor([[0.0, 1.0]]),
+        "sample_mask": torch.ones(1),
+        "advantages": torch.zeros(1, 2, dtype=torch.float64),
+        "prev_logprobs": lp(curr),
+        "generation_logprobs": lp(curr - math.log(0.1)),  # weight exp(curr - gen) = 0.1
+        "reference_policy_logprobs": lp(curr - 24.0),  # log-ratio ref - curr = -24
+    }
+    cfg = {**BASE, "reference_policy_kl_penalty": 1.0, "use_on_policy_kl_approximation": True,
+           "kl_input_clamp_value": input_clamp}
+    loss, metrics = ClippedPGLossFn(cfg)(logits, data, 1, 1)
+    loss.backward()
+    # float64; 1e-12 relative. d logp(token 1) / d logit 1 = 1 - 1/2, and the actor term is 0 (A = 0).
+    assert metrics["kl_penalty"].item() == pytest.approx(kl_value, rel=1e-12)
+    assert logits.grad[0, 0, 1].item() == pytest.approx(curr_grad * 0.5, rel=1e-12, abs=1e-15)
