@@ -6,8 +6,6 @@ autograd can differentiate, so tests compare values and gradients.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 
@@ -88,61 +86,3 @@ def dpo(logits, data, gvs, cfg):
             sft = sft + sequence_nll(logits, data, 2 * i, cfg["sft_average_log_probs"])
     sft = sft / (gvs / 2)
     return cfg["preference_loss_weight"] * pref + cfg["sft_loss_weight"] * sft
-
-
-def _clamp(x, bound):
-    return x if bound is None else torch.clamp(x, -bound, bound)
-
-
-def clipped_pg_token(curr, prev, gen, ref, adv, cfg):
-    """(actor, kl) of one token, both scalar tensors."""
-    ratio = torch.exp(curr - prev)
-    if cfg.get("disable_ppo_ratio"):
-        actor = -adv * curr
-    else:
-        clipped = torch.clamp(ratio, 1 - cfg["ratio_clip_min"], 1 + cfg["ratio_clip_max"])
-        actor = torch.maximum(-adv * ratio, -adv * clipped)
-        c = cfg.get("ratio_clip_c")
-        if c is not None and adv < 0:
-            actor = torch.minimum(actor, torch.tensor(-adv * c, dtype=torch.float64))
-    if cfg["use_importance_sampling_correction"]:
-        actor = actor * math.exp(prev - gen)
-    log_ratio = _clamp(ref - curr, cfg.get("kl_input_clamp_value", 20.0))
-    kind = cfg.get("reference_policy_kl_type", "k3")
-    if kind == "k1":
-        k = -log_ratio
-    elif kind == "k2":
-        k = 0.5 * log_ratio**2
-    else:
-        k = torch.exp(log_ratio) - log_ratio - 1
-    w = torch.exp(curr - gen) if cfg["use_on_policy_kl_approximation"] else torch.exp(curr - curr.detach())
-    kl = _clamp(w * k, cfg.get("kl_output_clamp_value", 10.0))
-    return actor, kl
-
-
-def clipped_pg(logits, data, gvs, gvt, cfg):
-    actor_total = torch.zeros((), dtype=torch.float64)
-    kl_total = torch.zeros((), dtype=torch.float64)
-    for b in range(logits.shape[0]):
-        seq_actor, seq_kl, n = 0.0, 0.0, 0
-        for t in range(1, logits.shape[1]):
-            if not _valid(data, b, t):
-                continue
-            curr = token_logprob(logits[b, t - 1], int(data["input_ids"][b, t]))
-            adv = data["advantages"][b] if data["advantages"].dim() == 1 else data["advantages"][b, t]
-            actor, kl = clipped_pg_token(
-                curr,
-                float(data["prev_logprobs"][b, t]),
-                float(data["generation_logprobs"][b, t]),
-                float(data["reference_policy_logprobs"][b, t]),
-                float(adv),
-                cfg,
-            )
-            seq_actor, seq_kl, n = seq_actor + actor, seq_kl + kl, n + 1
-        if n == 0:
-            continue
-        if cfg["token_level_loss"]:
-            actor_total, kl_total = actor_total + seq_actor / gvt, kl_total + seq_kl / gvt
-        else:
-            actor_total, kl_total = actor_total + seq_actor / n / gvs, kl_total + seq_kl / n / gvs
-    return actor_total + cfg["reference_policy_kl_penalty"] * kl_total
