@@ -200,3 +200,14 @@ def test_vllm_classify_token_ids_special_tokens_and_truncation(open_server, scor
         scorer.score_ids([kept])[:, 0].tolist(), abs=TOL)
     bad = _post(open_server, "/classify", {"input": [1, 10_000]})
     assert bad.status_code == 400 and "token ids in [0," in bad.json()["message"]
+
+
+def test_verl_vllm_branch_rendered_chat_without_bos(open_server, scorer):
+    """verl's vLLM path posts the chat-templated text with the leading BOS removed to /classify with
+    "activation": false and reads data[-1].probs[-1]: the reward of the conversation sent as messages."""
+    bos = scorer.tokenizer.bos_token
+    for conversation in CONVERSATIONS:
+        text = scorer.tokenizer.apply_chat_template(conversation, tokenize=False)
+        text = text[len(bos):] if text.startswith(bos) else text
+        body = _post(open_server, "/classify", {"model": "rm", "input": text, "activation": False}).json()
+        assert body["data"][-1]["probs"][-1] == pytest.approx(scorer.score([conversation])[0, 0].item(), abs=TOL)
