@@ -1,7 +1,7 @@
 """Alignment losses with NeMo RL's LossFunction protocol; see `rmkit.losses.protocol`."""
 
 from rmkit.data.records import MISSING_LABEL
-from rmkit.losses.advantages import grpo_group_advantages
+from rmkit.losses.advantages import consecutive_groups, group_baseline_and_std, grpo_group_advantages
 from rmkit.losses.dpo import DPOLossConfig, DPOLossFn
 from rmkit.losses.logprobs import aligned_logprobs, next_token_logprobs
 from rmkit.losses.masking import masked_mean, valid_counts
@@ -25,6 +25,8 @@ __all__ = [
     "RegressionLoss",
     "SequencePackingLossWrapper",
     "aligned_logprobs",
+    "consecutive_groups",
+    "group_baseline_and_std",
     "grpo_group_advantages",
     "masked_mean",
     "next_token_logprobs",
