@@ -1,7 +1,17 @@
 """Alignment losses with NeMo RL's LossFunction protocol; see `rmkit.losses.protocol`."""
 
 from rmkit.data.records import MISSING_LABEL
-from rmkit.losses.advantages import consecutive_groups, group_baseline_and_std, grpo_group_advantages
+from rmkit.losses.advantages import (
+    clip_advantages,
+    consecutive_groups,
+    gdpo_advantages,
+    group_baseline_and_std,
+    grpo_group_advantages,
+    kl_in_reward,
+    raw_reward_advantages,
+    reinforce_plus_plus_advantages,
+    response_mask,
+)
 from rmkit.losses.dpo import DPOLossConfig, DPOLossFn
 from rmkit.losses.logprobs import aligned_logprobs, next_token_logprobs
 from rmkit.losses.masking import masked_mean, valid_counts
@@ -25,13 +35,19 @@ __all__ = [
     "RegressionLoss",
     "SequencePackingLossWrapper",
     "aligned_logprobs",
+    "clip_advantages",
     "consecutive_groups",
+    "gdpo_advantages",
     "group_baseline_and_std",
     "grpo_group_advantages",
+    "kl_in_reward",
     "masked_mean",
     "next_token_logprobs",
+    "raw_reward_advantages",
     "reduce_metrics",
     "regression_label_mask",
+    "reinforce_plus_plus_advantages",
+    "response_mask",
     "split_pairs",
     "valid_counts",
 ]

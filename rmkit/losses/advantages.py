@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from rmkit.losses.policy_gradient import KL_ESTIMATORS
+
 
 def consecutive_groups(num_rows: int, group_size: int, device: torch.device | None = None) -> torch.Tensor:
     """`group_index` `[num_rows]` for `group_size` consecutive responses per prompt: 0,0,..,1,1,.."""
@@ -147,3 +149,144 @@ def grpo_group_advantages(
     baseline, std = group_baseline_and_std(rewards, group_index, valid_mask, use_leave_one_out_baseline)
     advantages = rewards - baseline
     return normalize_by_std(advantages, std, eps) if normalize_rewards else advantages
+
+
+def clip_advantages(
+    advantages: torch.Tensor,
+    advantage_clip_low: float | None = None,
+    advantage_clip_high: float | None = None,
+) -> torch.Tensor:
+    """Clamp advantages to `[advantage_clip_low, advantage_clip_high]` (NeMo RL's `grpo.advantage_clip_*`;
+    None: that side unclipped). NeMo RL applies it to every estimator's output, after normalization."""
+    if advantage_clip_low is not None and advantage_clip_high is not None:
+        if advantage_clip_low > advantage_clip_high:
+            raise ValueError(
+                f"advantage_clip_low ({advantage_clip_low}) > advantage_clip_high ({advantage_clip_high})"
+            )
+    if advantage_clip_low is not None:
+        advantages = advantages.clamp(min=advantage_clip_low)
+    if advantage_clip_high is not None:
+        advantages = advantages.clamp(max=advantage_clip_high)
+    return advantages
+
+
+def gdpo_advantages(
+    reward_components: dict[str, torch.Tensor],
+    group_index: torch.Tensor | None = None,
+    *,
+    group_size: int | None = None,
+    reward_weights: list[float] | None = None,
+    use_leave_one_out_baseline: bool = True,
+    normalize_rewards: bool = True,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """GDPO advantages (NeMo RL's GDPOAdvantageEstimator): `sum_k w_k * A_k`, each `A_k` the GRPO
+    advantage of reward component k alone, then the sum normalized over the whole batch:
+    `(A - mean) / std` (unbiased std over all N rows; only `A - mean` when that std is 0).
+
+    Args:
+        reward_components: at least two `[N]` tensors by name (NeMo RL's batch keys `reward/<name>`);
+            taken in sorted name order.
+        group_index / group_size / use_leave_one_out_baseline / normalize_rewards / eps: as in
+            `grpo_group_advantages`, applied to each component.
+        reward_weights: one weight per component, in sorted name order; None: all 1.
+
+    Returns:
+        `[N]` advantages.
+    """
+    names = sorted(reward_components)
+    if len(names) < 2:
+        raise ValueError(
+            f"GDPO needs at least two reward components, got {len(names)} ({names}); use GRPO for one"
+        )
+    weights = [1.0] * len(names) if reward_weights is None else list(reward_weights)
+    if len(weights) != len(names):
+        raise ValueError(
+            f"reward_weights has {len(weights)} entries for {len(names)} reward components {names} "
+            "(one weight per component, in sorted name order)"
+        )
+    first = reward_components[names[0]]
+    group_index = _resolve_groups(first, group_index, group_size)
+    total = sum(
+        w * grpo_group_advantages(reward_components[name], group_index, eps=eps,
+                                  use_leave_one_out_baseline=use_leave_one_out_baseline,
+                                  normalize_rewards=normalize_rewards)
+        for w, name in zip(weights, names)
+    )
+    centered = total - total.mean()
+    std = total.std() if total.numel() > 1 else torch.zeros((), dtype=total.dtype, device=total.device)
+    return torch.where(std > 0, centered / std, centered)
+
+
+def kl_in_reward(
+    logprobs: torch.Tensor, reference_logprobs: torch.Tensor, reference_policy_kl_type: str = "k3"
+) -> torch.Tensor:
+    """Per-token KL estimate `[B, S]` that NeMo RL subtracts from the reward (`use_kl_in_reward`):
+    its `calculate_kl` with the default clamps, 20 on `reference - logprobs` and 10 on the estimate."""
+    if reference_policy_kl_type not in KL_ESTIMATORS:
+        raise ValueError(f"unknown reference_policy_kl_type {reference_policy_kl_type!r}; "
+                         f"choose one of {sorted(KL_ESTIMATORS)}")
+    log_ratio = (reference_logprobs - logprobs).clamp(-20.0, 20.0)
+    return KL_ESTIMATORS[reference_policy_kl_type](log_ratio).clamp(-10.0, 10.0)
+
+
+def response_mask(token_mask: torch.Tensor, sample_mask: torch.Tensor) -> torch.Tensor:
+    """The `[B, S]` mask the per-token estimators take: `token_mask * sample_mask[:, None]`, with
+    position 0 off (it has no log-prob: rmkit's losses never train on it)."""
+    mask = token_mask * sample_mask[:, None].to(token_mask.dtype)
+    return torch.cat([torch.zeros_like(mask[:, :1]), mask[:, 1:]], dim=1)
+
+
+def _global_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`(x - mean) / sqrt(max(var, 1e-8))`, mean and biased var over `mask`'s tokens."""
+    count = mask.sum().clamp(min=1)
+    mean = (x * mask).sum() / count
+    var = ((x - mean) ** 2 * mask).sum() / count
+    return (x - mean) * var.clamp(min=1e-8).rsqrt()
+
+
+def reinforce_plus_plus_advantages(
+    rewards: torch.Tensor,
+    mask: torch.Tensor,
+    group_index: torch.Tensor | None = None,
+    *,
+    group_size: int | None = None,
+    minus_baseline: bool = True,
+    use_kl_in_reward: bool = False,
+    reference_policy_kl_penalty: float = 0.0,
+    reference_policy_kl_type: str = "k3",
+    logprobs: torch.Tensor | None = None,
+    reference_logprobs: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reinforce++ advantages `[B, S]` (NeMo RL's ReinforcePlusPlusAdvantageEstimator).
+
+    `a = r - group mean` (`minus_baseline`; a group of one gets 0) or `a = r`, broadcast over the
+    tokens; with `use_kl_in_reward` (and both log-probs given) `a -= reference_policy_kl_penalty *
+    kl_in_reward(...)` per token; then whitened over the batch's masked tokens: `(a - mean) /
+    sqrt(max(var, 1e-8))`, biased var. Positions outside the mask are whitened too, not zeroed.
+
+    Args:
+        rewards: `[B]`.
+        mask: `[B, S]` tokens that count (`response_mask(token_mask, sample_mask)`).
+        group_index / group_size: the prompt groups (see the module docstring); needed only with
+            minus_baseline.
+        logprobs / reference_logprobs: `[B, S]` aligned with input_ids (`prev_logprobs`,
+            `reference_policy_logprobs`).
+    """
+    adv = rewards
+    if minus_baseline:
+        group_index = _resolve_groups(rewards, group_index, group_size)
+        baseline, _ = group_baseline_and_std(rewards, group_index, leave_one_out_baseline=False)
+        adv = rewards - baseline
+    adv = adv[:, None].expand(mask.shape)
+    if use_kl_in_reward and logprobs is not None and reference_logprobs is not None:
+        adv = adv - reference_policy_kl_penalty * kl_in_reward(logprobs, reference_logprobs,
+                                                               reference_policy_kl_type)
+    return _global_whiten(adv, mask.to(adv.dtype))
+
+
+def raw_reward_advantages(rewards: torch.Tensor, mask: torch.Tensor, normalize_advantages: bool) -> torch.Tensor:
+    """The reward as every token's advantage, `[B, S]` (NeMo RL's RawRewardAdvantageEstimator, PPO's
+    critic-free option); `normalize_advantages` whitens it over the mask as Reinforce++ does."""
+    adv = rewards[:, None].expand(mask.shape)
+    return _global_whiten(adv, mask.to(adv.dtype)) if normalize_advantages else adv
