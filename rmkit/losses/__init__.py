@@ -21,6 +21,7 @@ from rmkit.losses.policy_gradient import KL_ESTIMATORS, ClippedPGLossConfig, Cli
 from rmkit.losses.preference import PreferenceLoss, split_pairs
 from rmkit.losses.protocol import LossFunction, reduce_metrics
 from rmkit.losses.regression import RegressionLoss, regression_label_mask
+from rmkit.losses.value import aligned_values, gae_advantages, token_level_rewards
 
 __all__ = [
     "KL_ESTIMATORS",
@@ -35,8 +36,10 @@ __all__ = [
     "RegressionLoss",
     "SequencePackingLossWrapper",
     "aligned_logprobs",
+    "aligned_values",
     "clip_advantages",
     "consecutive_groups",
+    "gae_advantages",
     "gdpo_advantages",
     "group_baseline_and_std",
     "grpo_group_advantages",
@@ -49,5 +52,6 @@ __all__ = [
     "reinforce_plus_plus_advantages",
     "response_mask",
     "split_pairs",
+    "token_level_rewards",
     "valid_counts",
 ]
