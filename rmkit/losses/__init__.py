@@ -21,7 +21,14 @@ from rmkit.losses.policy_gradient import KL_ESTIMATORS, ClippedPGLossConfig, Cli
 from rmkit.losses.preference import PreferenceLoss, split_pairs
 from rmkit.losses.protocol import LossFunction, reduce_metrics
 from rmkit.losses.regression import RegressionLoss, regression_label_mask
-from rmkit.losses.value import aligned_values, gae_advantages, token_level_rewards
+from rmkit.losses.value import (
+    MseValueLossConfig,
+    MseValueLossFn,
+    aligned_values,
+    gae_advantages,
+    token_level_rewards,
+    value_explained_variance,
+)
 
 __all__ = [
     "KL_ESTIMATORS",
@@ -31,6 +38,8 @@ __all__ = [
     "DPOLossConfig",
     "DPOLossFn",
     "LossFunction",
+    "MseValueLossConfig",
+    "MseValueLossFn",
     "NLLLoss",
     "PreferenceLoss",
     "RegressionLoss",
@@ -54,4 +63,5 @@ __all__ = [
     "split_pairs",
     "token_level_rewards",
     "valid_counts",
+    "value_explained_variance",
 ]

@@ -12,10 +12,14 @@ the other losses take `next_token_logits`, and does the shift itself.
 
 from __future__ import annotations
 
+from typing import Any, TypedDict
+
 import torch
 
 from rmkit.losses.advantages import kl_in_reward
-from rmkit.losses.masking import compute_dtype
+from rmkit.losses.dpo import check_config_keys
+from rmkit.losses.masking import compute_dtype, masked_mean
+from rmkit.losses.nll import loss_token_mask
 
 
 def aligned_values(value_head_output: torch.Tensor) -> torch.Tensor:
@@ -124,3 +128,92 @@ def gae_advantages(
         advantages = _whiten(advantages, valid.to(dtype))
     zero = torch.zeros((), dtype=dtype, device=values.device)
     return torch.where(valid, advantages, zero), torch.where(valid, value_adv + values, zero)
+
+
+class MseValueLossConfig(TypedDict, total=False):
+    """Keys of `MseValueLossFn`'s config (NeMo RL's `value_loss_fn`); both optional."""
+
+    scale: float  # multiplies the loss. Default 1.0
+    cliprange: float | None  # clip V around the rollout's values by +-cliprange; None or 0: off. Default None
+
+
+class MseValueLossFn:
+    """Clipped value loss `0.5 * scale * mean(max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2))`.
+
+    Called as `loss_fn(value_head_output, data, global_valid_seqs, global_valid_toks)` with the value
+    head's output `[B, S]` or `[B, S, 1]` (position t: V(input_ids[:, :t+1]), as logits predict t+1) and
+    `data` holding `token_mask [B, S]`, `sample_mask [B]`, `returns [B, S]` and, with clipping,
+    `values [B, S]` (the rollout's values), both aligned with input_ids (`gae_advantages`,
+    `aligned_values`). The loss compares `head[:, :-1]` with `returns[:, 1:]` on
+    `token_mask[:, 1:] * sample_mask` and divides by `global_valid_toks`, so microbatch losses add
+    up to the full batch's. Without clipping the max is just the first term.
+
+    Metrics (additive unless `_min` / `_max`): `loss`, `vf_clipfrac` (share of tokens where the
+    clipped term is larger), `returns_mean`, `values_mean`, `returns_sq_mean`, `residual_sq_mean`
+    (summed over microbatches they give `value_explained_variance`), `values_min`, `values_max`
+    (inf / -inf without a valid token), `num_valid_samples` (sum of sample_mask).
+    """
+
+    def __init__(self, cfg: MseValueLossConfig | None = None):
+        cfg = {} if cfg is None else dict(cfg)
+        check_config_keys(cfg, set(), {"scale", "cliprange"}, "MseValueLossConfig")
+        self.scale = float(cfg.get("scale", 1.0))
+        cliprange = cfg.get("cliprange")
+        if cliprange is not None and cliprange < 0:
+            raise ValueError(f"MseValueLossConfig: cliprange must be >= 0 or None, got {cliprange}")
+        self.cliprange = cliprange or None
+
+    def __call__(
+        self,
+        value_head_output: torch.Tensor,
+        data: dict[str, Any],
+        global_valid_seqs: torch.Tensor | float | None,
+        global_valid_toks: torch.Tensor | float,
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        head = _squeeze_head(value_head_output)
+        dtype = compute_dtype(head)
+        mask = loss_token_mask(data, dtype)
+        pred = head[:, :-1].to(dtype)
+        returns = _masked_shift(data["returns"], mask)
+        unclipped = (pred - returns) ** 2
+        losses, clipped_wins = unclipped, torch.zeros_like(unclipped)
+        if self.cliprange is not None:
+            old = _masked_shift(data["values"], mask)
+            clipped = (torch.clamp(pred, old - self.cliprange, old + self.cliprange) - returns) ** 2
+            losses = torch.max(unclipped, clipped)
+            clipped_wins = (clipped > unclipped).to(dtype)
+        loss = 0.5 * self.scale * masked_mean(losses, mask, global_valid_toks)
+        with torch.no_grad():
+            pred = pred.detach()
+            metrics = {
+                "loss": loss.detach(),
+                "vf_clipfrac": masked_mean(clipped_wins, mask, global_valid_toks),
+                "returns_mean": masked_mean(returns, mask, global_valid_toks),
+                "values_mean": masked_mean(pred, mask, global_valid_toks),
+                "returns_sq_mean": masked_mean(returns**2, mask, global_valid_toks),
+                "residual_sq_mean": masked_mean((returns - pred) ** 2, mask, global_valid_toks),
+                "values_min": _masked_extreme(pred, mask, torch.amin, float("inf")),
+                "values_max": _masked_extreme(pred, mask, torch.amax, float("-inf")),
+                "num_valid_samples": data["sample_mask"].detach().to(dtype).sum(),
+            }
+        return loss, metrics
+
+
+def _masked_shift(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`x[:, 1:]` in mask's dtype, 0 where mask is 0 (padding may hold anything)."""
+    x = x[:, 1:].to(mask.dtype)
+    return torch.where(mask > 0, x, torch.zeros_like(x))
+
+
+def _masked_extreme(x: torch.Tensor, mask: torch.Tensor, reduce, empty: float) -> torch.Tensor:
+    """`reduce(x)` over the mask, or `empty` (inf / -inf, which `reduce_metrics` skips) without tokens."""
+    return reduce(torch.where(mask > 0, x, torch.full_like(x, empty))) if x.numel() else x.new_tensor(empty)
+
+
+def value_explained_variance(metrics: dict[str, Any]) -> torch.Tensor:
+    """`1 - Var(R - V) / max(Var(R), 1e-8)` over the batch from `MseValueLossFn`'s metrics, summed
+    over every microbatch (`reduce_metrics`), as NeMo RL's PPO logs `critic/explained_var`."""
+    r_mean, v_mean = (torch.as_tensor(metrics[k], dtype=torch.float64) for k in ("returns_mean", "values_mean"))
+    returns_var = torch.as_tensor(metrics["returns_sq_mean"], dtype=torch.float64) - r_mean**2
+    residual_var = torch.as_tensor(metrics["residual_sq_mean"], dtype=torch.float64) - (r_mean - v_mean) ** 2
+    return 1.0 - residual_var / returns_var.clamp(min=1e-8)
