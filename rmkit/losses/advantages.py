@@ -107,6 +107,9 @@ def _resolve_groups(rewards, group_index, group_size) -> torch.Tensor:
         raise ValueError("pass exactly one of group_index and group_size")
     if group_index is None:
         return consecutive_groups(rewards.shape[-1], group_size, rewards.device)
+    if not isinstance(group_index, torch.Tensor):
+        raise TypeError(f"group_index must be a tensor [N] of ints, got {type(group_index).__name__}; "
+                        "for consecutive groups pass group_size=k")
     return group_index
 
 

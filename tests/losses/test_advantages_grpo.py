@@ -207,3 +207,5 @@ def test_errors():
         grpo_group_advantages(torch.zeros(4), torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="integer tensor of shape"):
         grpo_group_advantages(torch.zeros(4), torch.zeros(4))
+    with pytest.raises(TypeError, match="group_size=k"):  # the old positional group_size
+        grpo_group_advantages(torch.zeros(4), 2)
