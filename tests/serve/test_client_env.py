@@ -42,7 +42,7 @@ def test_readme_grpo_example_scores_a_group_and_computes_advantages(bt_server, b
     conversations = [prompt + [{"role": "assistant", "content": c}] for c in completions]
     with RewardClient(bt_server.url, api_key=API_KEY, batch_size=2, concurrency=2) as client:
         rewards = torch.tensor(client.score_conversations(conversations))
-    advantages = grpo_group_advantages(rewards, group_size=4, leave_one_out=False, normalize_std=False)
+    advantages = grpo_group_advantages(rewards, group_size=4, use_leave_one_out_baseline=False, normalize_rewards=False)
     local = ScoringEngine(bt_model_dir).score_conversations(conversations)[:, 0]
     torch.testing.assert_close(rewards, local, atol=TOL, rtol=0)
     torch.testing.assert_close(advantages, local - local.mean(), atol=TOL, rtol=0)
