@@ -211,3 +211,24 @@ def test_verl_vllm_branch_rendered_chat_without_bos(open_server, scorer):
         text = text[len(bos):] if text.startswith(bos) else text
         body = _post(open_server, "/classify", {"model": "rm", "input": text, "activation": False}).json()
         assert body["data"][-1]["probs"][-1] == pytest.approx(scorer.score([conversation])[0, 0].item(), abs=TOL)
+
+
+def test_readme_trl_reward_function(bt_server, scorer):
+    """The README's TRL reward function, on TRL's two reward-function input shapes (standard: strings;
+    conversational: message lists), gives the served rewards."""
+    from rmkit.serve import RewardClient
+
+    client = RewardClient(bt_server.url, api_key=API_KEY)
+
+    def rmkit_reward(prompts, completions, **kwargs):
+        if isinstance(prompts[0], str):
+            return client.score_texts([p + c for p, c in zip(prompts, completions)])
+        return client.score_conversations([p + c for p, c in zip(prompts, completions)])
+
+    standard = rmkit_reward(["the cat ", "a "], ["sat on the mat", "dog"], completion_ids=None)
+    assert standard == pytest.approx(scorer.score(["the cat sat on the mat", "a dog"])[:, 0].tolist(), abs=TOL)
+    prompts = [c[:-1] for c in CONVERSATIONS]
+    completions = [c[-1:] for c in CONVERSATIONS]
+    conversational = rmkit_reward(prompts, completions)
+    assert conversational == pytest.approx(scorer.score(CONVERSATIONS)[:, 0].tolist(), abs=TOL)
+    client.close()
