@@ -62,7 +62,9 @@ class _ChunkedTopkLogprobs(torch.autograd.Function):
                 # xlogy: 0 * log 0 = 0 where a probability underflows.
                 neg_entropy[rows, pos] = torch.special.xlogy(logp.exp(), logp.exp()).sum(-1)
         ctx.save_for_backward(logits, index, neg_entropy)
-        ctx.chunk_elements = chunk_elements
+        ctx.chunk_elements, ctx.with_entropy = chunk_elements, with_entropy
+        if not with_entropy:
+            ctx.mark_non_differentiable(neg_entropy)  # zeros, not a function of the logits
         return out, neg_entropy
 
     @staticmethod
@@ -73,7 +75,10 @@ class _ChunkedTopkLogprobs(torch.autograd.Function):
         dtype = compute_dtype(logits)
         grad_logits = torch.empty_like(logits)
         grad_out = grad_out.to(dtype)
-        grad_neg_entropy = None if grad_neg_entropy is None else grad_neg_entropy.to(dtype)
+        if not ctx.with_entropy or grad_neg_entropy is None:
+            grad_neg_entropy = None
+        else:
+            grad_neg_entropy = grad_neg_entropy.to(dtype)
         scratch = _chunk_scratch(batch, length, vocab, ctx.chunk_elements, dtype, logits.device)
         for rows, pos in _chunks(batch, length, vocab, ctx.chunk_elements):
             chunk = logits[rows, pos]
