@@ -2,6 +2,7 @@
 
 from rmkit.data.records import MISSING_LABEL
 from rmkit.losses.advantages import grpo_group_advantages
+from rmkit.losses.distillation import DistillationLossConfig, DistillationLossFn
 from rmkit.losses.dpo import DPOLossConfig, DPOLossFn
 from rmkit.losses.logprobs import aligned_logprobs, next_token_logprobs
 from rmkit.losses.masking import masked_mean, valid_counts
@@ -19,6 +20,8 @@ __all__ = [
     "ClippedPGLossFn",
     "DPOLossConfig",
     "DPOLossFn",
+    "DistillationLossConfig",
+    "DistillationLossFn",
     "LossFunction",
     "NLLLoss",
     "PreferenceLoss",

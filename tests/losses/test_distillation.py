@@ -7,8 +7,8 @@ import torch
 from cuda_rng import CudaGenerator
 from loss_data import global_counts, random_batch, split_batch
 
-from rmkit.losses.distillation import DistillationLossFn, topk_logprobs
-from rmkit.losses.packing import SequencePackingLossWrapper
+from rmkit.losses import DistillationLossFn, SequencePackingLossWrapper
+from rmkit.losses.distillation import topk_logprobs
 
 KL_TYPES = ["forward", "reverse", "mixed"]
 
