@@ -59,8 +59,9 @@ class _ChunkedTopkLogprobs(torch.autograd.Function):
             logp = torch.log_softmax(chunk, dim=-1, dtype=dtype, out=_view(scratch, chunk))
             out[rows, pos] = logp.gather(-1, index[rows, pos])
             if with_entropy:
-                # xlogy: 0 * log 0 = 0 where a probability underflows.
-                neg_entropy[rows, pos] = torch.special.xlogy(logp.exp(), logp.exp()).sum(-1)
+                # xlogy: 0 * log 0 = 0 where a probability underflows (or a logit is -inf).
+                p = logp.exp()
+                neg_entropy[rows, pos] = torch.special.xlogy(p, p).sum(-1)
         ctx.save_for_backward(logits, index, neg_entropy)
         ctx.chunk_elements, ctx.with_entropy = chunk_elements, with_entropy
         if not with_entropy:
@@ -87,7 +88,9 @@ class _ChunkedTopkLogprobs(torch.autograd.Function):
             p = logp.exp()
             x = p * -g.sum(-1, keepdim=True)
             if grad_neg_entropy is not None:
-                x += grad_neg_entropy[rows, pos, None] * p * (logp - neg_entropy[rows, pos, None])
+                # where: a -inf logit has p = 0 and must not turn 0 * -inf into NaN.
+                entropy_grad = torch.where(p > 0, p * (logp - neg_entropy[rows, pos, None]), 0.0)
+                x += grad_neg_entropy[rows, pos, None] * entropy_grad
             grad_logits[rows, pos] = x.scatter_add_(-1, index[rows, pos], g)
         return grad_logits, None, None, None
 

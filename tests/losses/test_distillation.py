@@ -386,3 +386,18 @@ def test_missing_or_misshaped_teacher_data_is_a_clear_error():
     broken = {**data, "teacher_topk_indices": data["teacher_topk_indices"][:, :3]}
     with pytest.raises(ValueError, match=r"\[B, S, k\]"):
         DistillationLossFn({})(logits, broken, 3, 10)
+
+
+def test_minus_inf_student_logits_keep_gradients_finite():
+    """A vocabulary entry masked to -inf (p = 0) outside the teacher's top-k: the full-vocabulary
+    reverse KL and its gradient stay finite, and that entry's gradient is 0."""
+    logits, data = distill_batch(batch=2, seq=5, vocab=9, topk=3)
+    data["teacher_topk_indices"] = torch.arange(3).expand(2, 5, 3).contiguous()
+    logits = logits.detach().clone()
+    logits[..., 8] = float("-inf")
+    logits.requires_grad_()
+    cfg = {"kl_type": "reverse", "mixed_kl_weight": 0.5, "zero_outside_topk": True}
+    loss, _ = DistillationLossFn(cfg)(logits, data, *global_counts(data))
+    (grad,) = torch.autograd.grad(loss, logits)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    assert (grad[..., 8] == 0).all() and grad.abs().sum() > 0
