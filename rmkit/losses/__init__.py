@@ -12,6 +12,7 @@ from rmkit.losses.advantages import (
     reinforce_plus_plus_advantages,
     response_mask,
 )
+from rmkit.losses.distillation import DistillationLossConfig, DistillationLossFn
 from rmkit.losses.dpo import DPOLossConfig, DPOLossFn
 from rmkit.losses.kl import calculate_kl
 from rmkit.losses.logprobs import aligned_logprobs, next_token_logprobs
@@ -38,6 +39,8 @@ __all__ = [
     "ClippedPGLossFn",
     "DPOLossConfig",
     "DPOLossFn",
+    "DistillationLossConfig",
+    "DistillationLossFn",
     "LossFunction",
     "MseValueLossConfig",
     "MseValueLossFn",
