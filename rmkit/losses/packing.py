@@ -17,10 +17,11 @@ class SequencePackingLossWrapper:
       `[start_i, start_i + len_i)` with `start_i = cu_seqlens_q_padded[i]` (or `cu_seqlens_q[i]`)
       and `len_i = cu_seqlens_q[i+1] - cu_seqlens_q[i]`; positions between sequences are padding.
     - per-token data tensors (`input_ids`, `token_mask`, `prev_logprobs`, ..., `advantages` when per
-      token) are `[1, T, ...]` in the same layout; a tensor whose first two dims are `(1, T)` is per
-      token.
-    - per-sequence data tensors (`sample_mask`, `advantages` when per sequence, `labels`) are
-      `[num_seqs, ...]`; sequence i gets row i. Other values are passed through unchanged.
+      token) are either packed, `[1, T, ...]` in the same layout as the logits (a tensor whose first
+      two dims are `(1, T)`), or unpacked as NeMo RL passes them, `[num_seqs, S, ...]` with S > 1 and
+      row i holding sequence i from position 0 (sequence i gets `row[:len_i]`).
+    - per-sequence data tensors (`sample_mask`, `advantages` when per sequence) are `[num_seqs]` or
+      `[num_seqs, 1]`; sequence i gets row i. Other values are passed through unchanged.
 
     Each sequence is handed to `loss_fn` as a batch of one (logits `[1, len_i, V]`); losses are
     summed, metrics summed except `*_min` / `*_max` (min / max, infinities skipped). Because the
@@ -63,10 +64,18 @@ class SequencePackingLossWrapper:
         if value.dim() >= 2 and value.shape[0] == 1 and value.shape[1] == total:
             return value[:, start : start + length]
         if value.shape[0] == len(self.lengths):
-            return value[i : i + 1]
+            if value.dim() == 1 or value.shape[1] == 1:
+                return value[i : i + 1]
+            # unpacked per-token rows (NeMo RL's layout): this sequence's row, cut to its length
+            if value.shape[1] < length:
+                raise ValueError(
+                    f"unpacked data[{key!r}] has shape {tuple(value.shape)}: row {i} is shorter than its "
+                    f"sequence length {length}"
+                )
+            return value[i : i + 1, :length]
         raise ValueError(
             f"packed data[{key!r}] has shape {tuple(value.shape)}: expected [1, {total}, ...] per token "
-            f"or [{len(self.lengths)}, ...] per sequence"
+            f"(packed), [{len(self.lengths)}, S, ...] per token (unpacked) or [{len(self.lengths)}] per sequence"
         )
 
     def _split(self, next_token_logits: torch.Tensor) -> list[torch.Tensor]:
