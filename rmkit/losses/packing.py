@@ -19,7 +19,9 @@ class SequencePackingLossWrapper:
     - per-token data tensors (`input_ids`, `token_mask`, `prev_logprobs`, ..., `advantages` when per
       token) are either packed, `[1, T, ...]` in the same layout as the logits (a tensor whose first
       two dims are `(1, T)`), or unpacked as NeMo RL passes them, `[num_seqs, S, ...]` with S > 1 and
-      row i holding sequence i from position 0 (sequence i gets `row[:len_i]`).
+      row i holding sequence i from position 0 (sequence i gets `row[:len_i]`; where the row is
+      shorter than len_i, as when a packer folds alignment fill into the last sequence's length,
+      the positions past the row's end are skipped, logits included, as NeMo RL does).
     - per-sequence data tensors (`sample_mask`, `advantages` when per sequence) are `[num_seqs]` or
       `[num_seqs, 1]`; sequence i gets row i. Other values are passed through unchanged.
 
@@ -66,13 +68,7 @@ class SequencePackingLossWrapper:
         if value.shape[0] == len(self.lengths):
             if value.dim() == 1 or value.shape[1] == 1:
                 return value[i : i + 1]
-            # unpacked per-token rows (NeMo RL's layout): this sequence's row, cut to its length
-            if value.shape[1] < length:
-                raise ValueError(
-                    f"unpacked data[{key!r}] has shape {tuple(value.shape)}: row {i} is shorter than its "
-                    f"sequence length {length}"
-                )
-            return value[i : i + 1, :length]
+            return value[i : i + 1, :length]  # unpacked per-token rows (NeMo RL's layout)
         raise ValueError(
             f"packed data[{key!r}] has shape {tuple(value.shape)}: expected [1, {total}, ...] per token "
             f"(packed), [{len(self.lengths)}, S, ...] per token (unpacked) or [{len(self.lengths)}] per sequence"
@@ -105,6 +101,11 @@ class SequencePackingLossWrapper:
         metrics = []
         for i, logits in enumerate(self._split(next_token_logits)):
             seq_data = {k: self._slice(k, v, i, total) for k, v in data.items()}
+            ids = seq_data.get("input_ids")
+            if isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[1] < logits.shape[1]:
+                # An unpacked row shorter than its sequence: the packer folded alignment fill into
+                # this (last) sequence's length. Those positions are no tokens; NeMo RL skips them too.
+                logits = logits[:, : ids.shape[1]]
             seq_loss, seq_metrics = self.loss_fn(logits, seq_data, global_valid_seqs, global_valid_toks)
             loss = seq_loss if loss is None else loss + seq_loss
             metrics.append(seq_metrics)

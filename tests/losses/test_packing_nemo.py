@@ -5,15 +5,15 @@ NeMo RL runs them on GPUs under Ray / torch.distributed with context parallelism
 vocab-parallel (TP) group; rmkit has no model parallelism, so the CP = TP = 1 cases are the ones that
 apply: the packed row's loss and logit gradients equal the unpacked batch's. Inputs, configs, the
 seed (42) and tolerances (atol = rtol = 1e-5) are NeMo RL's; the random values are drawn on the CPU
-from a generator, so they differ from NeMo RL's CUDA draws. As in NeMo RL, the wrapper gets packed logits and the data
-unpacked (`[B, S]` rows, row i = sequence i). NeMo RL's loss takes a `prepare_fn` that rmkit's losses
+from a generator, so they differ from NeMo RL's CUDA draws. As in NeMo RL, the wrapper gets packed
+logits and the data unpacked (`[B, S]` rows, row i = sequence i). NeMo RL's loss takes a `prepare_fn` that rmkit's losses
 do themselves (they take logits), and its fused wrapper (one log-softmax over the packed row) has no
 rmkit counterpart: rmkit's wrapper already takes one split of the row (see SequencePackingLossWrapper).
 """
 
 import torch
 
-from rmkit.losses import ClippedPGLossFn, SequencePackingLossWrapper
+from rmkit.losses import ClippedPGLossFn, NLLLoss, SequencePackingLossWrapper
 
 NEMO_PG_DEFAULTS = {  # NeMo RL's ClippedPGLossConfig defaults for the keys rmkit requires
     "reference_policy_kl_penalty": 0.01,
@@ -115,3 +115,29 @@ def test_sequence_packing_fusion_cp1_tp1():
     for key in baseline[1]:
         torch.testing.assert_close(packed[1][key], baseline[1][key], atol=1e-5, rtol=1e-5, msg=key)
     torch.testing.assert_close(packed[2], baseline[2], atol=1e-5, rtol=1e-5)
+
+
+def test_last_sequence_inflated_beyond_row_width():
+    # test_pack_input_ids_last_seq_inflated_beyond_row_width / _inflated_last_seq_cp_sharded, at the
+    # wrapper: NeMo RL's Megatron packer folds the bin's alignment fill into the last sequence, so
+    # cu_seqlens says 96 where the unpacked row holds 64 tokens (row width 64, two rows, NeMo RL's
+    # token ids 1..128). The fill positions are no tokens: the loss and gradients are the unpacked
+    # batch's, and the fill's logits get no gradient.
+    row_width, inflated = 64, 96
+    input_ids = torch.arange(1, 2 * row_width + 1).reshape(2, row_width)
+    data = {"input_ids": input_ids, "token_mask": torch.ones(2, row_width), "sample_mask": torch.ones(2)}
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, row_width, 2 * row_width + 1, generator=g).requires_grad_()
+    loss_fn = NLLLoss()
+    gvs, gvt = data["sample_mask"].sum(), data["token_mask"][:, 1:].sum()
+    want = loss_fn(logits, data, gvs, gvt)[0]
+    (want_grad,) = torch.autograd.grad(want, logits)
+
+    fill = torch.randn(1, inflated - row_width, logits.shape[-1], generator=g).requires_grad_()
+    packed_logits = torch.cat([logits[0:1], logits[1:2], fill], dim=1)  # [1, 64 + 96, V]
+    cu = torch.tensor([0, row_width, row_width + inflated])
+    loss = SequencePackingLossWrapper(loss_fn, cu, cu)(packed_logits, data, gvs, gvt)[0]
+    grad, fill_grad = torch.autograd.grad(loss, (logits, fill), allow_unused=True)
+    torch.testing.assert_close(loss, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad, want_grad, atol=1e-5, rtol=1e-5)
+    assert fill_grad is None or not fill_grad.any()
