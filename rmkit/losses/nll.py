@@ -28,6 +28,8 @@ class NLLLoss:
       `dpo_average_log_probs=True`), not normalized globally, as NeMo RL's DPO uses it.
 
     Metrics: `loss` (scalar form only), `num_unmasked_tokens`, `num_valid_samples` (this microbatch).
+    `metric_normalizations` says which global count each was divided by, as NeMo RL advertises it:
+    `loss` "tokens" (global_valid_toks), the two counts "none".
 
     `inplace_backward=True` computes the log-probs with `next_token_logprobs(..., inplace_backward=True)`:
     the backward writes the logits' gradient into the logits' storage (no new `[B, S, V]` buffer).
@@ -35,6 +37,7 @@ class NLLLoss:
 
     def __init__(self, inplace_backward: bool = False):
         self.inplace_backward = inplace_backward
+        self.metric_normalizations = {"loss": "tokens", "num_unmasked_tokens": "none", "num_valid_samples": "none"}
 
     def __call__(
         self,

@@ -17,10 +17,13 @@ class SequencePackingLossWrapper:
       `[start_i, start_i + len_i)` with `start_i = cu_seqlens_q_padded[i]` (or `cu_seqlens_q[i]`)
       and `len_i = cu_seqlens_q[i+1] - cu_seqlens_q[i]`; positions between sequences are padding.
     - per-token data tensors (`input_ids`, `token_mask`, `prev_logprobs`, ..., `advantages` when per
-      token) are `[1, T, ...]` in the same layout; a tensor whose first two dims are `(1, T)` is per
-      token.
-    - per-sequence data tensors (`sample_mask`, `advantages` when per sequence, `labels`) are
-      `[num_seqs, ...]`; sequence i gets row i. Other values are passed through unchanged.
+      token) are either packed, `[1, T, ...]` in the same layout as the logits (a tensor whose first
+      two dims are `(1, T)`), or unpacked as NeMo RL passes them, `[num_seqs, S, ...]` with S > 1 and
+      row i holding sequence i from position 0 (sequence i gets `row[:len_i]`; where the row is
+      shorter than len_i, as when a packer folds alignment fill into the last sequence's length,
+      the positions past the row's end are skipped, logits included, as NeMo RL does).
+    - per-sequence data tensors (`sample_mask`, `advantages` when per sequence) are `[num_seqs]` or
+      `[num_seqs, 1]`; sequence i gets row i. Other values are passed through unchanged.
 
     Each sequence is handed to `loss_fn` as a batch of one (logits `[1, len_i, V]`); losses are
     summed, metrics summed except `*_min` / `*_max` (min / max, infinities skipped). Because the
@@ -63,10 +66,12 @@ class SequencePackingLossWrapper:
         if value.dim() >= 2 and value.shape[0] == 1 and value.shape[1] == total:
             return value[:, start : start + length]
         if value.shape[0] == len(self.lengths):
-            return value[i : i + 1]
+            if value.dim() == 1 or value.shape[1] == 1:
+                return value[i : i + 1]
+            return value[i : i + 1, :length]  # unpacked per-token rows (NeMo RL's layout)
         raise ValueError(
             f"packed data[{key!r}] has shape {tuple(value.shape)}: expected [1, {total}, ...] per token "
-            f"or [{len(self.lengths)}, ...] per sequence"
+            f"(packed), [{len(self.lengths)}, S, ...] per token (unpacked) or [{len(self.lengths)}] per sequence"
         )
 
     def _split(self, next_token_logits: torch.Tensor) -> list[torch.Tensor]:
@@ -96,6 +101,11 @@ class SequencePackingLossWrapper:
         metrics = []
         for i, logits in enumerate(self._split(next_token_logits)):
             seq_data = {k: self._slice(k, v, i, total) for k, v in data.items()}
+            ids = seq_data.get("input_ids")
+            if isinstance(ids, torch.Tensor) and ids.dim() == 2 and ids.shape[1] < logits.shape[1]:
+                # An unpacked row shorter than its sequence: the packer folded alignment fill into
+                # this (last) sequence's length. Those positions are no tokens; NeMo RL skips them too.
+                logits = logits[:, : ids.shape[1]]
             seq_loss, seq_metrics = self.loss_fn(logits, seq_data, global_valid_seqs, global_valid_toks)
             loss = seq_loss if loss is None else loss + seq_loss
             metrics.append(seq_metrics)

@@ -31,10 +31,12 @@ def _pack(padded: torch.Tensor, starts: list[int], total: int) -> torch.Tensor:
     return torch.cat(pieces)[None]
 
 
+@pytest.mark.parametrize("unpacked_data", [False, True])
 @pytest.mark.parametrize("gaps", [False, True])
 @pytest.mark.parametrize("loss_name", ["nll", "pg_token_adv", "pg_seq_adv"])
-def test_packed_equals_padded(loss_name, gaps):
-    # float64; only summation order differs: 1e-10 relative.
+def test_packed_equals_padded(loss_name, gaps, unpacked_data):
+    # float64; only summation order differs: 1e-10 relative. unpacked_data: the per-token tensors
+    # stay [B, S] rows (NeMo RL's layout), only the logits are packed.
     logits, data = random_batch(batch=3, seq=6, per_seq_advantages=loss_name == "pg_seq_adv", seed=11)
     loss_fn = NLLLoss() if loss_name == "nll" else ClippedPGLossFn(PG_CFG)
     gvs, gvt = global_counts(data)
@@ -44,7 +46,7 @@ def test_packed_equals_padded(loss_name, gaps):
     cu = torch.tensor([0, 6, 11, 15])
     cu_padded = torch.tensor([0, 8, 16, 20]) if gaps else None  # each sequence padded to a multiple of 4
     starts, total = (cu_padded[:-1].tolist(), 21) if gaps else (cu[:-1].tolist(), 15)
-    packed = {k: v if v.dim() == 1 else _pack(v, starts, total) for k, v in data.items()}
+    packed = {k: v if v.dim() == 1 or unpacked_data else _pack(v, starts, total) for k, v in data.items()}
     packed_logits = _pack(logits, starts, total)
     loss, metrics = SequencePackingLossWrapper(loss_fn, cu, cu_padded)(packed_logits, packed, gvs, gvt)
     (grad,) = torch.autograd.grad(loss, logits)
