@@ -1,0 +1,97 @@
+"""`torchrun --nproc-per-node 2 -m rmkit train` with FSDP2 (`policy.dtensor_cfg.enabled`, gloo, CPU) ==
+one process with the same global batch.
+
+The same run as `test_train_ddp.py`: it crosses an epoch boundary, its 9th global batch holds a single
+pair (rank 1 runs placeholder micro-batches to match rank 0's forwards: every FSDP2 forward all-gathers),
+and the 21 validation pairs split 11 / 10 over the ranks (unequal shares, the same number of forwards).
+Gradient accumulation: 2 micro-batches of 2 pairs per rank against 2 of 4 in the single process.
+
+Tolerances, as in `test_train_ddp.py`: the runs add the same gradient contributions in a different order
+(a reduce-scatter of per-rank sums) and pad rows differently, so they agree to float32 rounding, which
+Adam can amplify on near-zero gradients: logged metrics to 1e-5 relative (plus 1e-6 absolute), final
+weights to 1e-5 absolute. Averaging instead of summing gradients over ranks (FSDP2's default) is off
+by a factor of 2 at the first step and fails.
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+from rmkit import cli
+from rmkit.config import config_from_dict
+from rmkit.errors import ConfigError
+from tests.scale.launch import torchrun
+from tests.scale.test_train_ddp import assert_close_runs, records
+from tests.scale.tiny import make_tiny_decoder, write_pairs
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "RMKIT_NUM_THREADS": "1"}
+STEPS = 8
+TEXTS = ["User: tell me about apples\nAssistant: the answer about apples is helpful the",
+         "User: tell me about maps\nAssistant: the answer about maps is rude"]
+
+
+def write_config(tmp_path: Path, name: str, micro: int) -> Path:
+    model = tmp_path / "model"
+    if not model.exists():
+        make_tiny_decoder(model)
+        write_pairs(tmp_path / "train.jsonl", 65, seed=1)  # 8 global batches of 8 + one of 1 pair
+        write_pairs(tmp_path / "val.jsonl", 21, seed=2)
+    out = tmp_path / name
+    config = {
+        "rm": {"max_num_epochs": 2, "max_num_steps": STEPS + 2, "val_period": 4, "val_at_start": True,
+               "seed": 5, "log_period": 1},
+        "policy": {"model_name": str(model), "train_global_batch_size": 8, "train_micro_batch_size": micro,
+                   "max_total_sequence_length": 32, "precision": "float32", "num_threads": 1,
+                   "optimizer": {"lr": 3e-3}, "max_grad_norm": 1.0, "dtensor_cfg": {"enabled": True}},
+        "data": {"train_data_path": str(tmp_path / "train.jsonl"),
+                 "val_data_paths": {"default": str(tmp_path / "val.jsonl")}},
+        "checkpointing": {"enabled": False, "checkpoint_dir": str(out)},
+        "logger": {"log_dir": str(out / "logs"), "tensorboard": False, "progress_bar": False, "plots": False},
+    }  # fmt: skip
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def hf_scores(model_dir: Path) -> torch.Tensor:
+    """Rewards `[2, 1]` of `TEXTS` from the exported directory through plain transformers."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForSequenceClassification.from_pretrained(model_dir).eval()
+    batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        return model(**batch).logits
+
+
+@pytest.mark.slow  # ~25 s on a quiet 2-core machine (one torchrun launch, plus the in-process reference)
+def test_fsdp2_two_gloo_processes_equal_one_process(tmp_path):
+    single = write_config(tmp_path, "single", micro=4)
+    sharded = write_config(tmp_path, "fsdp", micro=2)  # per rank: 4 pairs of the global 8, in 2 micro-batches
+    threads = torch.get_num_threads()
+    try:  # the single-process reference runs in this process (unsharded: there is no process group)
+        assert cli.main(["train", "--config", str(single)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    err = torchrun(["-m", "rmkit", "train", "--config", str(sharded)], ENV)
+    assert_close_runs(tmp_path / "single", tmp_path / "fsdp")
+    val = [r for r in records(tmp_path / "fsdp") if "validation-default/num_pairs" in r]
+    assert val and all(r["validation-default/num_pairs"] == 21 for r in val)  # gathered from both ranks
+    assert err.count("rmkit: training") == 1, "only rank 0 prints"
+    for name in ("config.json", "tokenizer.json", "scoring_contract.json", "reward_stats.json"):
+        assert (tmp_path / "fsdp" / "final" / name).is_file(), name
+    torch.testing.assert_close(hf_scores(tmp_path / "fsdp" / "final"), hf_scores(tmp_path / "single" / "final"),
+                               rtol=0, atol=1e-5)
+
+
+def test_sharded_checkpoints_are_a_clear_config_error():
+    with pytest.raises(ConfigError, match="checkpointing.enabled.*not implemented yet"):
+        config_from_dict({"policy": {"dtensor_cfg": {"enabled": True}}})
+    cfg = config_from_dict({"policy": {"dtensor_cfg": {"enabled": True}}, "checkpointing": {"enabled": False}})
+    assert cfg.policy.dtensor_cfg.reshard_after_forward and cfg.policy.dtensor_cfg.param_dtype == "auto"
+    with pytest.raises(ConfigError, match="param_dtype"):
+        config_from_dict({"policy": {"dtensor_cfg": {"enabled": True, "param_dtype": "bfloat16"}},
+                          "checkpointing": {"enabled": False}})
