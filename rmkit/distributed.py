@@ -225,8 +225,8 @@ def fully_shard_model(root: torch.nn.Module, units: Sequence[torch.nn.Module], i
                       reshard_after_forward: bool = True, cpu_offload: bool = False,
                       param_dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """Shard `root` with FSDP2: `fully_shard` on each of `units` (transformer blocks, the input
-    embeddings), then on `root`, which keeps what is left (norms, the head). Unchanged when
-    single-process. Returns `root` (the same object, its class now an `FSDPModule`).
+    embeddings), then on `root`, which keeps what is left. Unchanged when single-process; rank 0's
+    weights are broadcast first. Returns `root` (the same object, its class now an `FSDPModule`).
 
     Gradients are summed over ranks (divide factor 1), as `wrap_data_parallel` does: the losses are
     already divided by the global counts. Parameters are reduced in float32 whatever `param_dtype`.
@@ -237,6 +237,9 @@ def fully_shard_model(root: torch.nn.Module, units: Sequence[torch.nn.Module], i
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
+    # Each rank keeps its slice of its own copy: start every rank from rank 0's weights, as DDP does.
+    for tensor in [*root.parameters(), *root.buffers()]:
+        dist.broadcast(tensor.detach(), src=0)
     mesh = init_device_mesh(info.device.type, (world_size(),))
     options = {
         "mesh": mesh,

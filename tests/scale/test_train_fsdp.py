@@ -4,7 +4,8 @@ one process with the same global batch.
 The same run as `test_train_ddp.py`: it crosses an epoch boundary, its 9th global batch holds a single
 pair (rank 1 runs placeholder micro-batches to match rank 0's forwards: every FSDP2 forward all-gathers),
 and the 21 validation pairs split 11 / 10 over the ranks (unequal shares, the same number of forwards).
-Gradient accumulation: 2 micro-batches of 2 pairs per rank against 2 of 4 in the single process.
+Gradient accumulation: 2 micro-batches of 2 pairs per rank against 2 of 4 in the single process. Cases:
+Bradley-Terry, the same with LoRA adapters, and regression with 2 labels (some missing).
 
 Tolerances, as in `test_train_ddp.py`: the runs add the same gradient contributions in a different order
 (a reduce-scatter of per-rank sums) and pad rows differently, so they agree to float32 rounding, which
@@ -13,7 +14,9 @@ weights to 1e-5 absolute. Averaging instead of summing gradients over ranks (FSD
 by a factor of 2 at the first step and fails.
 """
 
+import json
 import os
+import random
 from pathlib import Path
 
 import pytest
@@ -26,7 +29,7 @@ from rmkit.config import config_from_dict
 from rmkit.errors import ConfigError
 from tests.scale.launch import torchrun
 from tests.scale.test_train_ddp import assert_close_runs, records
-from tests.scale.tiny import make_tiny_decoder, write_pairs
+from tests.scale.tiny import BAD, GOOD, TOPICS, make_tiny_decoder, write_pairs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "RMKIT_NUM_THREADS": "1"}
@@ -35,21 +38,44 @@ TEXTS = ["User: tell me about apples\nAssistant: the answer about apples is help
          "User: tell me about maps\nAssistant: the answer about maps is rude"]
 
 
-def write_config(tmp_path: Path, name: str, micro: int) -> Path:
+VARIANTS = {  # policy options of each case; regression reads its own files
+    "bradley_terry": {},
+    "lora": {"lora": {"enabled": True, "r": 4, "alpha": 8}},  # adapters inside the sharded blocks
+    "regression": {"reward_model_cfg": {"reward_model_type": "regression", "num_labels": 2}},
+}
+
+
+def write_regression(path: Path, n: int, seed: int) -> Path:
+    """`n` regression records of 2 labels (the second one missing in every third record)."""
+    rng = random.Random(seed)
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(n):
+            topic, good = rng.choice(TOPICS), rng.random() < 0.5
+            word = rng.choice(GOOD if good else BAD)
+            f.write(json.dumps({"prompt": f"tell me about {topic}", "response": f"the answer is {word}",
+                                "label": [float(good), -100 if i % 3 == 0 else rng.random()]}) + "\n")
+    return path
+
+
+def write_config(tmp_path: Path, name: str, micro: int, variant: str = "bradley_terry") -> Path:
     model = tmp_path / "model"
     if not model.exists():
         make_tiny_decoder(model)
         write_pairs(tmp_path / "train.jsonl", 65, seed=1)  # 8 global batches of 8 + one of 1 pair
         write_pairs(tmp_path / "val.jsonl", 21, seed=2)
+        write_regression(tmp_path / "reg_train.jsonl", 65, seed=3)
+        write_regression(tmp_path / "reg_val.jsonl", 21, seed=4)
+    prefix = "reg_" if variant == "regression" else ""
     out = tmp_path / name
     config = {
         "rm": {"max_num_epochs": 2, "max_num_steps": STEPS + 2, "val_period": 4, "val_at_start": True,
                "seed": 5, "log_period": 1},
         "policy": {"model_name": str(model), "train_global_batch_size": 8, "train_micro_batch_size": micro,
                    "max_total_sequence_length": 32, "precision": "float32", "num_threads": 1,
-                   "optimizer": {"lr": 3e-3}, "max_grad_norm": 1.0, "dtensor_cfg": {"enabled": True}},
-        "data": {"train_data_path": str(tmp_path / "train.jsonl"),
-                 "val_data_paths": {"default": str(tmp_path / "val.jsonl")}},
+                   "optimizer": {"lr": 3e-3}, "max_grad_norm": 1.0, "dtensor_cfg": {"enabled": True},
+                   **VARIANTS[variant]},
+        "data": {"train_data_path": str(tmp_path / f"{prefix}train.jsonl"),
+                 "val_data_paths": {"default": str(tmp_path / f"{prefix}val.jsonl")}},
         "checkpointing": {"enabled": False, "checkpoint_dir": str(out)},
         "logger": {"log_dir": str(out / "logs"), "tensorboard": False, "progress_bar": False, "plots": False},
     }  # fmt: skip
@@ -67,10 +93,11 @@ def hf_scores(model_dir: Path) -> torch.Tensor:
         return model(**batch).logits
 
 
-@pytest.mark.slow  # ~25 s on a quiet 2-core machine (one torchrun launch, plus the in-process reference)
-def test_fsdp2_two_gloo_processes_equal_one_process(tmp_path):
-    single = write_config(tmp_path, "single", micro=4)
-    sharded = write_config(tmp_path, "fsdp", micro=2)  # per rank: 4 pairs of the global 8, in 2 micro-batches
+@pytest.mark.slow  # ~20 s each on a quiet 2-core machine (one torchrun launch, plus the in-process reference)
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fsdp2_two_gloo_processes_equal_one_process(tmp_path, variant):
+    single = write_config(tmp_path, "single", micro=4, variant=variant)
+    sharded = write_config(tmp_path, "fsdp", micro=2, variant=variant)  # per rank: 4 of the global 8, 2 micro-batches
     threads = torch.get_num_threads()
     try:  # the single-process reference runs in this process (unsharded: there is no process group)
         assert cli.main(["train", "--config", str(single)]) == 0
@@ -78,8 +105,9 @@ def test_fsdp2_two_gloo_processes_equal_one_process(tmp_path):
         torch.set_num_threads(threads)
     err = torchrun(["-m", "rmkit", "train", "--config", str(sharded)], ENV)
     assert_close_runs(tmp_path / "single", tmp_path / "fsdp")
-    val = [r for r in records(tmp_path / "fsdp") if "validation-default/num_pairs" in r]
-    assert val and all(r["validation-default/num_pairs"] == 21 for r in val)  # gathered from both ranks
+    count = "num_examples" if variant == "regression" else "num_pairs"
+    val = [r for r in records(tmp_path / "fsdp") if f"validation-default/{count}" in r]
+    assert val and all(r[f"validation-default/{count}"] == 21 for r in val)  # gathered from both ranks
     assert err.count("rmkit: training") == 1, "only rank 0 prints"
     for name in ("config.json", "tokenizer.json", "scoring_contract.json", "reward_stats.json"):
         assert (tmp_path / "fsdp" / "final" / name).is_file(), name
