@@ -5,8 +5,9 @@ The same run as `test_train_ddp.py`: it crosses an epoch boundary, its 9th globa
 pair (rank 1 runs placeholder micro-batches to match rank 0's forwards: every FSDP2 forward all-gathers),
 and the 21 validation pairs split 11 / 10 over the ranks (unequal shares, the same number of forwards).
 Gradient accumulation: 2 micro-batches of 2 pairs per rank against 2 of 4 in the single process. Cases:
-Bradley-Terry, the same with LoRA adapters, regression with 2 labels (some missing), and Bradley-Terry
-on a BERT classifier.
+Bradley-Terry, the same with LoRA adapters, regression with 2 labels (some missing), Bradley-Terry
+on a BERT classifier, and Bradley-Terry with CPU offload, no resharding after forward and gradient
+checkpointing.
 
 Tolerances, as in `test_train_ddp.py`: the runs add the same gradient contributions in a different order
 (a reduce-scatter of per-rank sums) and pad rows differently, so they agree to float32 rounding, which
@@ -50,6 +51,8 @@ VARIANTS = {  # policy options of each case; regression reads its own files
     "lora": {"lora": {"enabled": True, "r": 4, "alpha": 8}},  # adapters inside the sharded blocks
     "regression": {"reward_model_cfg": {"reward_model_type": "regression", "num_labels": 2}},
     "bert": {},  # an encoder: the reward is the classifier on [CLS] (the model's own forward)
+    "offload": {"dtensor_cfg": {"enabled": True, "cpu_offload": True, "reshard_after_forward": False},
+                "gradient_checkpointing": True},  # the other FSDP2 options, with activation recomputation
 }
 
 
