@@ -144,6 +144,29 @@ class LoraConfig:
 
 
 @dataclass
+class DTensorConfig:
+    """`policy.dtensor_cfg.*` (NeMo RL's key): FSDP2 sharding (`torch.distributed.fsdp.fully_shard`) of
+    parameters, gradients and optimizer state over the torchrun processes, instead of DDP's full copy
+    on each. A single process (no torchrun) trains unsharded."""
+
+    enabled: bool = False
+    """Shard each transformer block, the input embeddings and then the whole model with FSDP2."""
+    reshard_after_forward: bool = True
+    """Free each block's gathered parameters after its forward and gather them again in backward (less
+    memory, one more all-gather per block); false keeps them until backward."""
+    cpu_offload: bool = False
+    """Keep the parameter shards, their gradients and the optimizer state in (pinned) CPU memory; the
+    optimizer step then runs on the CPU."""
+    param_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """The dtype parameters are gathered and computed in (FSDP2's `MixedPrecisionPolicy`); `auto` follows
+    `policy.precision`. Gradients are always reduced in float32 and the shards stay float32."""
+
+    def __post_init__(self):
+        _check(self.param_dtype in ("auto", "float32", "bfloat16"), "policy.dtensor_cfg.param_dtype",
+               "must be auto, float32 or bfloat16")
+
+
+@dataclass
 class PolicyConfig:
     """The model and its optimization (`policy.*`)."""
 
@@ -182,6 +205,8 @@ class PolicyConfig:
     """Wrap the model in `torch.compile` (pays off on long runs; the first steps compile)."""
     num_threads: int | None = None
     """torch intra-op threads; None: `RMKIT_NUM_THREADS` or `OMP_NUM_THREADS` or torch's default."""
+    dtensor_cfg: DTensorConfig = field(default_factory=DTensorConfig)
+    """FSDP2 sharded training under torchrun (instead of DDP)."""
 
     def __post_init__(self):
         g, m = self.train_global_batch_size, self.train_micro_batch_size
@@ -192,6 +217,11 @@ class PolicyConfig:
         _check(self.max_grad_norm is None or self.max_grad_norm > 0, "policy.max_grad_norm", "must be > 0 or null")
         _check(self.freeze_layers >= 0, "policy.freeze_layers", "must be >= 0")
         _check(self.num_threads is None or self.num_threads >= 1, "policy.num_threads", "must be >= 1")
+        if self.dtensor_cfg.enabled:
+            _check(self.dtensor_cfg.param_dtype != "bfloat16" or self.precision == "bfloat16",
+                   "policy.dtensor_cfg.param_dtype", "bfloat16 needs policy.precision: bfloat16")
+            _check(not self.compile, "policy.compile",
+                   "torch.compile with policy.dtensor_cfg.enabled: not implemented yet; set policy.compile=false")
 
 
 @dataclass
@@ -319,6 +349,13 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+    def __post_init__(self):
+        if self.policy.dtensor_cfg.enabled:
+            _check(not self.checkpointing.enabled, "checkpointing.enabled",
+                   "sharded checkpoints (policy.dtensor_cfg.enabled): not implemented yet; set checkpointing.enabled=false")
+            _check(self.checkpointing.resume is None, "checkpointing.resume",
+                   "resuming a sharded run (policy.dtensor_cfg.enabled): not implemented yet")
 
 
 def _check(ok: bool, key: str, message: str) -> None:

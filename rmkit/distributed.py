@@ -208,8 +208,70 @@ def wrap_data_parallel(module: torch.nn.Module, info: DistInfo) -> torch.nn.Modu
 
 
 def sync_gradients(module: torch.nn.Module, sync: bool):
-    """Context for one micro-batch's backward: DDP reduces gradients only when `sync` (the last
+    """Context for one micro-batch's backward: DDP and FSDP2 reduce gradients only when `sync` (the last
     micro-batch of a step); the others accumulate locally. A no-op for an unwrapped module."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for unit in module.modules():
+        if isinstance(unit, FSDPModule):  # FSDP2 keeps unsharded gradients until the synced backward
+            unit.set_requires_gradient_sync(sync, recurse=False)
     if sync or not hasattr(module, "no_sync"):
         return contextlib.nullcontext()
     return module.no_sync()
+
+
+# ------------------------------------------------------------------------------------------- FSDP2
+def fully_shard_model(root: torch.nn.Module, units: Sequence[torch.nn.Module], info: DistInfo,
+                      reshard_after_forward: bool = True, cpu_offload: bool = False,
+                      param_dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """Shard `root` with FSDP2: `fully_shard` on each of `units` (transformer blocks, the input
+    embeddings), then on `root`, which keeps what is left. Unchanged when single-process; rank 0's
+    weights are broadcast first. Returns `root` (the same object, its class now an `FSDPModule`).
+
+    Gradients are summed over ranks (divide factor 1), as `wrap_data_parallel` does: the losses are
+    already divided by the global counts. Parameters are reduced in float32 whatever `param_dtype`.
+    Build the optimizer afterwards: sharding replaces every parameter by a DTensor shard.
+    """
+    if not is_distributed():
+        return root
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    # Each rank keeps its slice of its own copy: start every rank from rank 0's weights, as DDP does.
+    for tensor in [*root.parameters(), *root.buffers()]:
+        dist.broadcast(tensor.detach(), src=0)
+    mesh = init_device_mesh(info.device.type, (world_size(),))
+    options = {
+        "mesh": mesh,
+        "reshard_after_forward": reshard_after_forward,
+        "mp_policy": MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32),
+        "offload_policy": CPUOffloadPolicy(pin_memory=info.device.type == "cuda") if cpu_offload else OffloadPolicy(),
+    }
+    for unit in units:
+        fully_shard(unit, **options)
+    fully_shard(root, **options)
+    for module in root.modules():
+        if isinstance(module, torch.distributed.fsdp.FSDPModule):
+            # A plain SUM reduce-scatter (no PREMUL_SUM, which gloo lacks; zero-copy on NCCL), divided by 1.
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+    # FSDP2 takes as root the first sharded module to run forward. The loop looks up the embeddings (a
+    # unit of their own) before it calls the model, and validation calls the model directly: make
+    # `root` the root now, whatever runs first.
+    fully_shard.state(root)._lazy_init()
+    return root
+
+
+def is_sharded(module: torch.nn.Module) -> bool:
+    """True when `module` or a module inside it is sharded by FSDP2."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return any(isinstance(m, FSDPModule) for m in module.modules())
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """`model`'s whole state dict gathered on rank 0, on the CPU (other ranks get an empty dict); call
+    it on every rank. Parameter names are the model's own (sharding does not change them)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

@@ -27,9 +27,10 @@ import yaml
 
 from rmkit.data.records import Message
 from rmkit.data.tokenize import TokenizedPairs, fit_inputs, tokenize_pairs
+from rmkit.distributed import all_reduce, is_distributed
 from rmkit.errors import ConfigError
 from rmkit.models.reward import load_reward_model, uses_last_token_pooling
-from rmkit.models.scoring import score_sequences
+from rmkit.models.scoring import length_sorted_batches, score_sequences
 from rmkit.models.setup import autocast
 
 CONTRACT_FILE = "scoring_contract.json"
@@ -183,16 +184,21 @@ class RewardScorer:
         """Both sides of every `PreferencePair`, each side cut on its own (`.truncated` counts pairs cut)."""
         return tokenize_pairs(pairs, self.tokenizer, self.max_length, truncation="per_text")
 
-    def score_ids(self, sequences: Sequence[Sequence[int]]) -> torch.Tensor:
+    def score_ids(self, sequences: Sequence[Sequence[int]], lockstep: bool = False) -> torch.Tensor:
         """Raw rewards `[N, K]` float32 (CPU) of N token sequences, in order; the model's train/eval mode
-        is restored afterwards."""
+        is restored afterwards. `lockstep`: every rank of a torchrun job calls this and runs as many
+        forward passes as the busiest one (an FSDP2-sharded model all-gathers in each)."""
         device = next(self.model.parameters()).device
         was_training = self.model.training
+        forwards = 0
+        if lockstep and is_distributed():
+            batches = length_sorted_batches([len(s) for s in sequences], self.max_batch_tokens, self.max_batch_size)
+            forwards = int(all_reduce(torch.tensor(len(batches)), "max"))
         self.model.eval()
         try:
             with autocast(self.precision, device):
                 return score_sequences(self.model, sequences, self.tokenizer.pad_token_id,
-                                       self.max_batch_tokens, self.max_batch_size)
+                                       self.max_batch_tokens, self.max_batch_size, forwards)
         finally:
             self.model.train(was_training)
 

@@ -38,19 +38,29 @@ def pad_right(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[to
     return input_ids, attention_mask
 
 
-@torch.inference_mode()
 def score_sequences(
     model: PreTrainedModel,
     sequences: Sequence[Sequence[int]],
     pad_token_id: int,
     max_batch_tokens: int = 16384,
     max_batch_size: int = 256,
+    min_forwards: int = 0,
 ) -> torch.Tensor:
     """Rewards `[N, K]` (float32, on CPU) for N token sequences, in the order given.
 
     Batching changes only which rows share a forward pass; each row's reward is read at its own last
-    real token, so the result does not depend on `max_batch_tokens` beyond float rounding.
+    real token, so the result does not depend on `max_batch_tokens` beyond float rounding. At least
+    `min_forwards` forward passes run (the extra ones on one pad token, their output dropped): an FSDP2
+    model all-gathers in every forward, so every rank must run as many.
     """
+    # An FSDP2 model's parameters (DTensor shards) are all-gathered into buffers that training updates in
+    # place again: they must not become inference tensors, so no_grad instead of inference_mode there.
+    sharded = any(hasattr(p, "full_tensor") for p in model.parameters())
+    with torch.no_grad(), torch.inference_mode(not sharded):
+        return _score_sequences(model, sequences, pad_token_id, max_batch_tokens, max_batch_size, min_forwards)
+
+
+def _score_sequences(model, sequences, pad_token_id, max_batch_tokens, max_batch_size, min_forwards):
     device = next(model.parameters()).device
     lengths = [len(s) for s in sequences]
     rewards: list[torch.Tensor | None] = [None] * len(sequences)
@@ -59,4 +69,6 @@ def score_sequences(
         out = compute_rewards(model, input_ids.to(device), attention_mask.to(device)).cpu()
         for row, index in enumerate(batch):
             rewards[index] = out[row]
+    for _ in range(min_forwards - len(length_sorted_batches(lengths, max_batch_tokens, max_batch_size))):
+        compute_rewards(model, *(t.to(device) for t in pad_right([[pad_token_id]], pad_token_id)))
     return torch.stack(rewards) if rewards else torch.zeros((0, model.config.num_labels))

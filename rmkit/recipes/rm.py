@@ -17,10 +17,11 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.config import Config, save_config
+from rmkit.errors import ConfigError
 from rmkit.inference import RewardScorer, contract_for
 from rmkit.models import load_reward_model, load_tokenizer
-from rmkit.models.reward import ensure_pad_token
-from rmkit.models.setup import RewardForward, prepare_model, resolve_model_name
+from rmkit.models.reward import ensure_pad_token, uses_last_token_pooling
+from rmkit.models.setup import RewardForward, prepare_model, resolve_model_name, transformer_layers
 from rmkit.recipes.rm_step import STEPS, ChunkedRewards
 from rmkit.trainer.export import export_model, reward_stats
 from rmkit.trainer.optim import build_optimizer, build_scheduler, optimizer_step
@@ -70,6 +71,23 @@ def load_model(cfg: Config, device: torch.device):
     return model, tokenizer
 
 
+def shard_model(model: torch.nn.Module, cfg: Config, info: dist.DistInfo) -> None:
+    """FSDP2 (`policy.dtensor_cfg`): the sharded units are what `compute_rewards` calls on their own: each
+    transformer block, the input embeddings (the loop looks them up first, `ChunkedRewards`), a decoder's
+    backbone (its final norm) and score head; then the transformers model that validation scores with
+    holds the rest (under LoRA: peft's base model, the adapters inside their blocks)."""
+    reader, dtensor = transformers_model(model), cfg.policy.dtensor_cfg
+    layers = transformer_layers(reader)
+    if layers is None:
+        raise ConfigError("policy.dtensor_cfg.enabled", f"cannot find the transformer layers of {type(reader).__name__}")
+    units = [reader.get_input_embeddings(), *layers]
+    if uses_last_token_pooling(reader):
+        units += [getattr(reader, reader.base_model_prefix), reader.score]
+    param_dtype = dtensor.param_dtype if dtensor.param_dtype != "auto" else cfg.policy.precision
+    dist.fully_shard_model(reader, units, info, dtensor.reshard_after_forward, dtensor.cpu_offload,
+                           getattr(torch, param_dtype))
+
+
 def run_validation(cfg: Config, scorer: RewardScorer, data, logger: RunLogger, step: int):
     """Validate on every set, log `validation-<name>/<metric>`, return `(metrics, rewards)`."""
     max_items = cfg.rm.val_batches * cfg.rm.val_global_batch_size if cfg.rm.val_batches else None
@@ -109,8 +127,11 @@ def train(cfg: Config) -> TrainResult:
     forward = RewardForward(model)
     if cfg.policy.compile:
         forward.compile(dynamic=True)  # in place: parameter names (and checkpoints) are unchanged
-    # DDP under torchrun (gradients summed over ranks) wraps the whole chunked reward computation.
-    forward = dist.wrap_data_parallel(ChunkedRewards(forward), info)
+    forward = ChunkedRewards(forward)
+    if cfg.policy.dtensor_cfg.enabled:  # FSDP2 under torchrun: shard the model in place (gradients summed)
+        shard_model(model, cfg, info)
+    else:  # DDP under torchrun (gradients summed over ranks) wraps the whole chunked reward computation
+        forward = dist.wrap_data_parallel(forward, info)
     data = load_run_data(cfg, tokenizer, out_dir)
     sampler = make_sampler(cfg, data.lengths)
 
@@ -191,6 +212,11 @@ def train(cfg: Config) -> TrainResult:
 
     # --- export and plots (rank 0)
     final_dir = out_dir / "final"
+    if dist.is_sharded(model):  # every rank sends its shards; rank 0 alone gets the whole model
+        state_dict = dist.full_state_dict(model)
+        if dist.is_main():
+            model = load_model(cfg, torch.device("cpu"))[0]
+            model.load_state_dict(state_dict)
     if dist.is_main():
         export_model(model, tokenizer, final_dir, cfg, reward_stats(val_rewards), scorer.contract)
     plots = []

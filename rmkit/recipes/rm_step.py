@@ -8,6 +8,7 @@ device; the returned metrics are device tensors that the caller reads when it lo
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
@@ -15,7 +16,7 @@ import torch
 from rmkit.data.collate import pair_targets, regression_targets
 from rmkit.data.records import MISSING_LABEL
 from rmkit.data.tokenize import TokenizedExample, TokenizedPair
-from rmkit.distributed import all_reduce_sum, sync_gradients
+from rmkit.distributed import all_reduce, all_reduce_sum, is_sharded, sync_gradients
 from rmkit.losses import PreferenceLoss, RegressionLoss, regression_label_mask
 from rmkit.models.scoring import pad_right
 from rmkit.models.setup import autocast
@@ -113,6 +114,21 @@ def length_grouped_rewards(rewards: torch.nn.Module, rows: Sequence[Sequence[int
     return rewards(chunks, inverse.to(device, non_blocking=True))
 
 
+def _chunk_overhead(forward: torch.nn.Module) -> float:
+    # Under FSDP2 every forward and backward all-gathers each block's parameters, so every rank must run
+    # as many forwards: one chunk per micro-batch (an infinite per-chunk cost), as many micro-batches.
+    return math.inf if is_sharded(forward) else CHUNK_OVERHEAD_POSITIONS
+
+
+def _same_count(micros: list, forward: torch.nn.Module) -> list:
+    # FSDP2: ranks with fewer micro-batches than the busiest get placeholder (None) ones. DDP
+    # communicates only in the last backward and needs none.
+    if not is_sharded(forward):
+        return micros
+    most = int(all_reduce(torch.tensor(len(micros)), "max"))
+    return micros + [None] * (most - len(micros))
+
+
 def _masked_out(targets: dict, placeholder: bool) -> dict:
     # Data parallelism: a rank whose share of a short last global batch is empty still runs one
     # placeholder row with sample_mask 0, so it joins the gradient all-reduce with zero gradients.
@@ -133,13 +149,15 @@ def bradley_terry_step(forward: torch.nn.Module, pairs: Sequence, micro_size: in
     loss_sum = torch.zeros((), device=device)
     accuracy = torch.zeros((), device=device)  # the loss's accuracy is already divided by the global pairs
     micros = _micro_batches(pairs, micro_size, lambda p: max(len(p.chosen_ids), len(p.rejected_ids)))
-    micros = micros or [[TokenizedPair([pad_token_id], [pad_token_id])]]
+    micros, overhead = _same_count(micros or [None], forward), _chunk_overhead(forward)
     for i, micro in enumerate(micros):
-        targets = _to(_masked_out(pair_targets(micro), not pairs), device)  # sample_mask [2n], margin [n]
+        placeholder = micro is None
+        micro = micro or [TokenizedPair([pad_token_id], [pad_token_id])]
+        targets = _to(_masked_out(pair_targets(micro), placeholder), device)  # sample_mask [2n], margin [n]
         rows = [ids for pair in micro for ids in (pair.chosen_ids, pair.rejected_ids)]  # interleaved
         with sync_gradients(forward, sync=i == len(micros) - 1):  # DDP reduces after the last one
             with autocast(precision, device):
-                rewards = length_grouped_rewards(forward, rows, pad_token_id, device)  # [2n, 1]
+                rewards = length_grouped_rewards(forward, rows, pad_token_id, device, overhead)  # [2n, 1]
             loss, metrics = loss_fn(rewards, targets, global_valid_seqs)
             loss.backward()
         loss_sum += metrics["loss"]
@@ -157,14 +175,16 @@ def regression_step(forward: torch.nn.Module, examples: Sequence, micro_size: in
     global_valid_labels = all_reduce_sum(regression_label_mask(labels, torch.ones(len(examples))).sum().to(device))
     loss_sum = torch.zeros((), device=device)
     micros = _micro_batches(examples, micro_size, lambda e: len(e.input_ids))
-    micros = micros or [[TokenizedExample([pad_token_id], ())]]
+    micros, overhead = _same_count(micros or [None], forward), _chunk_overhead(forward)
     for i, micro in enumerate(micros):
-        targets = _to(_masked_out(regression_targets(micro), not examples), device)  # labels [b, K], mask [b]
+        placeholder = micro is None
+        micro = micro or [TokenizedExample([pad_token_id], ())]
+        targets = _to(_masked_out(regression_targets(micro), placeholder), device)  # labels [b, K], mask [b]
         rows = [e.input_ids for e in micro]
         with sync_gradients(forward, sync=i == len(micros) - 1):
             with autocast(precision, device):
-                rewards = length_grouped_rewards(forward, rows, pad_token_id, device)  # [b, K]
-            if not examples:  # the placeholder row has no labels
+                rewards = length_grouped_rewards(forward, rows, pad_token_id, device, overhead)  # [b, K]
+            if placeholder:  # the placeholder row has no labels
                 targets["labels"] = torch.full_like(rewards, MISSING_LABEL)
             loss, metrics = loss_fn(rewards, targets, None, global_valid_labels)
             loss.backward()

@@ -44,6 +44,8 @@ def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, sch
     params = [p for p in model.parameters() if p.grad is not None]
     max_norm = max_grad_norm if max_grad_norm is not None else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor of the (replicated) global norm
+        grad_norm = grad_norm.full_tensor()
     optimizer.step()
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)

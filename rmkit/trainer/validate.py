@@ -46,7 +46,8 @@ def score_pairs(scorer: RewardScorer, pairs: Sequence) -> tuple[torch.Tensor, to
 
     Under data parallelism each rank scores its contiguous share and the rewards are gathered in rank
     order, so every rank returns all N rows in the original order."""
-    rewards = scorer.score_ids([ids for p in shard(pairs) for ids in (p.chosen_ids, p.rejected_ids)])  # interleaved
+    rows = [ids for p in shard(pairs) for ids in (p.chosen_ids, p.rejected_ids)]  # interleaved
+    rewards = scorer.score_ids(rows, lockstep=True)
     return all_gather_cat(rewards[0::2]), all_gather_cat(rewards[1::2])
 
 
@@ -69,7 +70,7 @@ def validate_regression(scorer: RewardScorer, val_sets: dict[str, Sequence],
     metrics, rewards = {}, {}
     for name, examples in val_sets.items():
         examples = examples[:max_examples] if max_examples is not None else examples
-        predictions = all_gather_cat(scorer.score_ids([e.input_ids for e in shard(examples)]))
+        predictions = all_gather_cat(scorer.score_ids([e.input_ids for e in shard(examples)], lockstep=True))
         labels = torch.tensor([list(e.labels) for e in examples], dtype=torch.float64)
         rewards[name] = predictions
         for key, value in regression_metrics(predictions, labels).items():
