@@ -1,0 +1,50 @@
+"""Optimizer, learning-rate schedule and the optimizer step, shared by every training recipe."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from rmkit.config import OptimizerConfig, SchedulerConfig
+
+
+def build_optimizer(model: torch.nn.Module, cfg: OptimizerConfig) -> torch.optim.AdamW:
+    """AdamW over trainable parameters; biases and norm weights (1-D tensors) get no weight decay."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    # The fused kernel (one pass over each tensor) exists on CPU and CUDA; the default per-tensor loop
+    # on CPU spent ~20% of a MiniLM step in AdamW's elementwise ops (BENCHMARKS.md).
+    fused = bool(params) and all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for p in params)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, fused=fused or None)
+
+
+def lr_factor(step: int, cfg: SchedulerConfig, total_steps: int) -> float:
+    """Multiplier of the peak lr before optimizer step `step` (0-based): linear warmup, then cosine to
+    `min_lr_ratio` at `total_steps`, or constant."""
+    warmup = max(cfg.warmup_steps, math.ceil(cfg.warmup_ratio * total_steps))
+    if step < warmup:
+        return (step + 1) / (warmup + 1)
+    if cfg.name == "constant":
+        return 1.0
+    progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))
+    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: SchedulerConfig, total_steps: int):
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, cfg, total_steps))
+
+
+def optimizer_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler,
+                   max_grad_norm: float | None) -> torch.Tensor:
+    """Clip, step, schedule, clear. Returns the pre-clip global gradient norm (a device tensor)."""
+    params = [p for p in model.parameters() if p.grad is not None]
+    max_norm = max_grad_norm if max_grad_norm is not None else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm, foreach=True)
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return grad_norm
