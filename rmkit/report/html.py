@@ -13,11 +13,14 @@ table{border-collapse:collapse;margin:0.6em 0 1.4em}th,td{border:1px solid #ccc;
 th:first-child,td:first-child{text-align:left}th{background:#f2f2f2}.note{color:#666;font-size:0.9em}
 img{max-width:100%;display:block;margin:0.5em 0 1.5em}"""
 
-# Reports into the page whether every figure decoded, so a headless browser can check it renders.
-CHECK_SCRIPT = """window.addEventListener('load',function(){var imgs=document.images,ok=0;
+# Writes into the page how many figures decoded and how many script errors happened, so a headless browser
+# (tests/report/test_html.py) can check that the page renders.
+CHECK_SCRIPT = """var rmkitErrors=0;window.addEventListener('error',function(){rmkitErrors++;},true);
+window.addEventListener('load',function(){var imgs=document.images,ok=0;
 for(var i=0;i<imgs.length;i++){if(imgs[i].complete&&imgs[i].naturalWidth>0){ok++;}}
 var el=document.getElementById('render-check');el.textContent=ok+' of '+imgs.length+' figures rendered';
-el.setAttribute('data-figures-ok',ok);el.setAttribute('data-figures',imgs.length);});"""
+el.setAttribute('data-figures-ok',ok);el.setAttribute('data-figures',imgs.length);
+el.setAttribute('data-errors',rmkitErrors);});"""
 
 
 def _e(value) -> str:
@@ -112,7 +115,7 @@ def render_html(report: dict, evalset: EvalSet, models: list[ModelScores]) -> st
     skipped = f", {report['skipped']} records skipped" if report["skipped"] else ""
     parts = [
         f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>rmkit eval report</title>"
-        f"<style>{STYLE}</style></head><body>",
+        f"<style>{STYLE}</style><script>{CHECK_SCRIPT}</script></head><body>",
         "<h1>Reward model report</h1>",
         f"<p>{report['num_pairs']} pairs from {_e(', '.join(evalset.paths))}"
         f"{skipped}. "
@@ -124,6 +127,6 @@ def render_html(report: dict, evalset: EvalSet, models: list[ModelScores]) -> st
         '<p class="note">Length is counted in characters of the response. Confidence is '
         "sigmoid(|r_chosen &minus; r_rejected|); ECE weighs each bin's |accuracy &minus; confidence| by its "
         'pairs. Files: report.json, scores-&lt;model&gt;.jsonl.</p><p class="note" id="render-check"></p>',
-        f"<script>{CHECK_SCRIPT}</script></body></html>",
+        "</body></html>",
     ]
     return "\n".join(parts)
