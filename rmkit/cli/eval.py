@@ -52,6 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt-key", default="prompt")
     parser.add_argument("--chosen-key", default="chosen")
     parser.add_argument("--rejected-key", default="rejected")
+    parser.add_argument("--allow-empty-response", action="store_true",
+                        help="accept empty chosen/rejected responses (a model that said nothing)")
     parser.add_argument("--skip-bad", action="store_true",
                         help="skip bad records (written to --rejects) instead of stopping at the first")
     parser.add_argument("--rejects", default="rejects-eval.jsonl", help="where skipped records go")
@@ -66,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def load_options(args: argparse.Namespace) -> dict:
     return {"format": args.format, "prompt_key": args.prompt_key, "chosen_key": args.chosen_key,
-            "rejected_key": args.rejected_key, "on_error": "skip" if args.skip_bad else "raise"}
+            "rejected_key": args.rejected_key, "allow_empty_response": args.allow_empty_response,
+            "on_error": "skip" if args.skip_bad else "raise"}
 
 
 def report_skipped(args: argparse.Namespace, skipped: list) -> None:

@@ -93,3 +93,16 @@ def test_several_models_need_report(tiny_decoder, tmp_path, capsys):
     code = rmkit_main(["eval", "--model", tiny_decoder, "--data", str(rb), "--report", str(tmp_path / "o"),
                        "--top-disagreements", "0"])
     assert code == 2 and "--top-disagreements" in capsys.readouterr().err
+
+
+def test_empty_responses_when_allowed(tiny_decoder, tmp_path, capsys):
+    data = tmp_path / "pandalm_like.jsonl"
+    data.write_text(json.dumps({"prompt": "Say something.", "chosen": "Hello there!", "rejected": ""}) + "\n")
+    capsys.readouterr()
+    assert rmkit_main(["eval", "--model", tiny_decoder, "--data", str(data), "--report", str(tmp_path / "o")]) == 2
+    assert "is empty" in capsys.readouterr().err
+    assert rmkit_main(["eval", "--model", tiny_decoder, "--data", str(data), "--report", str(tmp_path / "o"),
+                       "--allow-empty-response", "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    stats = next(iter(report["models"].values()))["subsets"]["pandalm_like"]
+    assert stats["n"] == 1 and stats["longer_wins_accuracy"] == 1.0
