@@ -91,9 +91,13 @@ def length_bias(report: dict) -> bytes | None:
         return None
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
     left.plot([0, 1], [0, 1], color="grey", ls="--", lw=0.8)
-    for name, entry in report["models"].items():
-        stats = list(entry["subsets"].values())
-        left.scatter([s["longer_wins_accuracy"] for s in stats], [s["accuracy"] for s in stats], label=name)
+    for k, (name, entry) in enumerate(report["models"].items()):
+        stats = entry["subsets"]
+        x, y = [s["longer_wins_accuracy"] for s in stats.values()], [s["accuracy"] for s in stats.values()]
+        left.scatter(x, y, label=name)
+        if k == 0 and len(stats) <= 12:  # name the subsets while the plot stays readable
+            for subset, xi, yi in zip(stats, x, y):
+                left.annotate(subset, (xi, yi), textcoords="offset points", xytext=(5, 4), fontsize=7)
     left.set_xlabel("longer response wins: accuracy")
     left.set_ylabel("model accuracy")
     left.set_xlim(-0.02, 1.02)
