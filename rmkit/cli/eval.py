@@ -1,5 +1,8 @@
 """`rmkit eval --model DIR --data FILE [--format F] [--json]`: the reward-model metrics of docs/design.md
-(loss, acc, reward means and std, num_pairs) of a model directory on a preference file."""
+(loss, acc, reward means and std, num_pairs) of a model directory on a preference file.
+
+`rmkit eval --model DIR [--model DIR2 ...] --data FILE [--data FILE2 ...] --report OUT_DIR` writes a
+RewardBench-style report of every model on every file instead (`rmkit.report`)."""
 
 from __future__ import annotations
 
@@ -16,9 +19,11 @@ from rmkit.inference import RewardScorer, load_scorer
 from rmkit.trainer.validate import pair_metrics
 
 
-def add_model_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options shared by `eval` and `score`."""
-    parser.add_argument("--model", required=True, help="reward model directory (rmkit export or any HF classifier)")
+def add_model_arguments(parser: argparse.ArgumentParser, several: bool = False) -> None:
+    """Options shared by `eval` and `score` (`several`: `--model` may repeat)."""
+    parser.add_argument("--model", required=True, action="append" if several else "store",
+                        help="reward model directory (rmkit export or any HF classifier)"
+                             + ("; repeat it to compare models (--report)" if several else ""))
     parser.add_argument("--max-length", type=int, default=None,
                         help="tokens per input (default: the model's scoring_contract.json, which every rmkit "
                              "path reads; else the model's position limit); longer inputs keep their end")
@@ -40,29 +45,46 @@ def load_for_inference(args: argparse.Namespace) -> RewardScorer:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rmkit eval", description=__doc__.split("\n")[0])
-    add_model_arguments(parser)
-    parser.add_argument("--data", required=True, help="preference file (JSONL, JSON, Parquet) or HF dataset")
+    add_model_arguments(parser, several=True)
+    parser.add_argument("--data", required=True, action="append",
+                        help="preference file (JSONL, JSON, Parquet) or HF dataset; repeat it with --report")
     parser.add_argument("--format", default="auto", choices=FORMATS, help="record format (default: sniffed)")
     parser.add_argument("--prompt-key", default="prompt")
     parser.add_argument("--chosen-key", default="chosen")
     parser.add_argument("--rejected-key", default="rejected")
+    parser.add_argument("--allow-empty-response", action="store_true",
+                        help="accept empty chosen/rejected responses (a model that said nothing)")
     parser.add_argument("--skip-bad", action="store_true",
                         help="skip bad records (written to --rejects) instead of stopping at the first")
     parser.add_argument("--rejects", default="rejects-eval.jsonl", help="where skipped records go")
     parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    parser.add_argument("--report", metavar="OUT_DIR", default=None,
+                        help="write report.json, report.html, scores-<model>.jsonl (and disagreements.jsonl) there "
+                             "instead of printing metrics (README: 'Evaluation, scoring and export')")
+    parser.add_argument("--top-disagreements", type=int, default=50,
+                        help="with several models: pairs per two models in disagreements.jsonl")
+    parser.add_argument("--calibration-bins", type=int, default=10, help="bins of the reliability diagram")
     return parser
+
+
+def load_options(args: argparse.Namespace) -> dict:
+    return {"format": args.format, "prompt_key": args.prompt_key, "chosen_key": args.chosen_key,
+            "rejected_key": args.rejected_key, "allow_empty_response": args.allow_empty_response,
+            "on_error": "skip" if args.skip_bad else "raise"}
+
+
+def report_skipped(args: argparse.Namespace, skipped: list) -> None:
+    if skipped:
+        write_rejects(args.rejects, skipped)
+        print(f"rmkit eval: skipped {len(skipped)} records (see {args.rejects})", file=sys.stderr)
 
 
 def evaluate(args: argparse.Namespace) -> dict:
     """The metrics of `args.model` on `args.data`."""
     scorer = load_for_inference(args)
-    loaded = load_preference_data(args.data, format=args.format, prompt_key=args.prompt_key,
-                                  chosen_key=args.chosen_key, rejected_key=args.rejected_key,
-                                  on_error="skip" if args.skip_bad else "raise")
+    loaded = load_preference_data(args.data, **load_options(args))
     tokenized = scorer.encode_pairs(loaded.records)
-    if loaded.skipped:
-        write_rejects(args.rejects, loaded.skipped)
-        print(f"rmkit eval: skipped {len(loaded.skipped)} records (see {args.rejects})", file=sys.stderr)
+    report_skipped(args, loaded.skipped)
     rewards = scorer.score_ids([ids for p in tokenized.pairs for ids in (p.chosen_ids, p.rejected_ids)])
     metrics = pair_metrics(rewards[0::2, 0], rewards[1::2, 0])
     metrics["truncated"] = tokenized.truncated
@@ -70,8 +92,48 @@ def evaluate(args: argparse.Namespace) -> dict:
     return metrics
 
 
+def write_model_report(args: argparse.Namespace) -> dict:
+    """Score every model on every file through the inference core, then `rmkit.report.write_report`."""
+    from rmkit.report import load_eval_set, model_names, score_model, write_report
+
+    for key in ("top_disagreements", "calibration_bins"):
+        if getattr(args, key) < 1:
+            raise ConfigError(f"--{key.replace('_', '-')}", f"must be >= 1, got {getattr(args, key)}")
+    evalset = load_eval_set(args.data, **load_options(args))
+    report_skipped(args, evalset.skipped)
+    models = []
+    for name, path in zip(model_names(args.model), args.model):
+        scorer = load_for_inference(argparse.Namespace(**{**vars(args), "model": path}))
+        models.append(score_model(scorer, evalset, name, path))
+        del scorer  # one model in memory at a time
+    return write_report(args.report, evalset, models, args.top_disagreements, args.calibration_bins)
+
+
+def print_report(report: dict, out_dir: str) -> None:
+    for name, entry in report["models"].items():
+        overall = entry["overall"]
+        rewardbench = f", RewardBench {overall['rewardbench']:.4f}" if overall["rewardbench"] is not None else ""
+        incomplete = [s for s, v in entry["sections"].items() if not v["complete"]]
+        if incomplete:
+            rewardbench = f", RewardBench incomplete ({', '.join(incomplete)})"
+        print(f"{name}: accuracy {overall['accuracy']:.4f} on {overall['n']} pairs{rewardbench}, "
+              f"ECE {entry['calibration']['ece']:.4f}")
+    print(f"report: {Path(out_dir) / 'report.html'}")
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.report is not None:
+        report = write_model_report(args)
+        if args.json:
+            print(json.dumps(report))
+        else:
+            print_report(report, args.report)
+        return 0
+    if len(args.model) > 1 or len(args.data) > 1:
+        raise ConfigError("--model" if len(args.model) > 1 else "--data",
+                          "several models or data files need --report OUT_DIR")
+    args.model, args.data = args.model[0], args.data[0]
     metrics = evaluate(args)
     if args.json:
         print(json.dumps(metrics))

@@ -11,7 +11,15 @@ from dataclasses import dataclass
 
 from rmkit.data.readers import RawRecord
 from rmkit.data.records import PreferencePair
-from rmkit.data.validate import finite_number, get_field, messages, optional_number, text_or_messages
+from rmkit.data.validate import (
+    finite_number,
+    get_field,
+    messages,
+    optional_id,
+    optional_number,
+    optional_text,
+    text_or_messages,
+)
 
 FORMATS = ("auto", "binary", "ranked", "aligner", "helpsteer3", "tulu3", "hh_rlhf")
 HH_ASSISTANT = "\n\nAssistant:"
@@ -32,12 +40,14 @@ class FormatOptions:
 
 
 def parse_binary(record: RawRecord, opts: FormatOptions) -> tuple[list[PreferencePair], list[str]]:
-    """`{prompt, chosen, rejected[, margin]}`: text or chat messages; keys are configurable."""
+    """`{prompt, chosen, rejected[, margin, subset, id]}`: text or chat messages; keys are configurable.
+    `subset` (a string) and `id` (a string or an integer) are RewardBench's labels, kept when present."""
     prompt = text_or_messages(record, opts.prompt_key)
     chosen = text_or_messages(record, opts.chosen_key, allow_empty=opts.allow_empty_response)
     rejected = text_or_messages(record, opts.rejected_key, allow_empty=opts.allow_empty_response)
     margin = optional_number(record, opts.margin_key)
-    return [PreferencePair(prompt, chosen, rejected, margin, record.source)], []
+    subset, id_ = optional_text(record, "subset"), optional_id(record, "id")
+    return [PreferencePair(prompt, chosen, rejected, margin, record.source, subset, id_)], []
 
 
 def parse_ranked(record: RawRecord, opts: FormatOptions) -> tuple[list[PreferencePair], list[str]]:

@@ -19,6 +19,8 @@ class PreferencePair:
     """One human preference: `chosen` was preferred to `rejected` as a reply to `prompt`.
 
     `margin` is an optional preference strength (e.g. a rating difference) for margin losses.
+    `subset` and `id` are optional labels a record may carry (RewardBench's layout `{prompt, chosen,
+    rejected, subset, id}`); `rmkit eval --report` groups pairs by `subset`.
     """
 
     prompt: str | list[Message]
@@ -26,6 +28,8 @@ class PreferencePair:
     rejected: str | list[Message]
     margin: float | None = None
     source: str = ""
+    subset: str | None = None
+    id: str | int | None = None
 
 
 @dataclass(frozen=True)

@@ -99,6 +99,26 @@ def optional_number(record: RawRecord, key: str | None) -> float | None:
     return finite_number(record, key)
 
 
+def optional_text(record: RawRecord, key: str) -> str | None:
+    """A non-empty string when `key` is present and not null, else None."""
+    value = record.data.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise record.error(key, f"expected a non-empty string, got {value!r}")
+    return value
+
+
+def optional_id(record: RawRecord, key: str) -> str | int | None:
+    """A string or an integer (not a bool) when `key` is present and not null, else None."""
+    value = record.data.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise record.error(key, f"expected a string or an integer, got {type(value).__name__}")
+    return value
+
+
 def labels(record: RawRecord, key: str, num_labels: int | None) -> tuple[float, ...]:
     """A number or a list of numbers, finite (or -100 for missing), of length `num_labels` if given."""
     value = get_field(record, key)

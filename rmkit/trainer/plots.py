@@ -8,7 +8,8 @@ from pathlib import Path
 import torch
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib.pyplot on the Agg backend (files only), or None with a note when matplotlib is absent."""
     try:
         import matplotlib
     except ImportError:
@@ -27,7 +28,7 @@ def _series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
 
 def plot_training_curves(history: list[dict], path: Path) -> Path | None:
     """Loss and accuracy over steps: training (`train/*`) and each validation set (`validation-*/*`)."""
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None:
         return None
     val_names = sorted({k.split("/")[0] for r in history for k in r if k.startswith("validation-")})
@@ -48,7 +49,7 @@ def plot_training_curves(history: list[dict], path: Path) -> Path | None:
 
 def plot_reward_histograms(rewards: dict[str, tuple[torch.Tensor, torch.Tensor]], path: Path) -> Path | None:
     """One panel per validation set: histograms of chosen and rejected rewards."""
-    plt = _pyplot()
+    plt = pyplot()
     if plt is None or not rewards:
         return None
     fig, axes = plt.subplots(1, len(rewards), figsize=(5.5 * len(rewards), 4), squeeze=False)

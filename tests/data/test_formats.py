@@ -142,3 +142,21 @@ def test_auto_detect_unknown_layout(tmp_path):
 def test_unknown_format_name(tmp_path):
     with pytest.raises(DataError, match="unknown format 'pairs'"):
         load_preference_data(write_jsonl(tmp_path / "x.jsonl", [{"a": 1}]), "pairs")
+
+
+def test_binary_keeps_rewardbench_subset_and_id(tmp_path):
+    path = write_jsonl(tmp_path / "rb.jsonl", [
+        {"prompt": "Q", "chosen": "a", "rejected": "b", "subset": "hep-go", "id": 7},
+        {"prompt": "Q", "chosen": "a", "rejected": "b", "id": "x-1"},
+        {"prompt": "Q", "chosen": "a", "rejected": "b", "subset": None},
+    ])
+    pairs = load_preference_data(path).records
+    assert [(p.subset, p.id) for p in pairs] == [("hep-go", 7), (None, "x-1"), (None, None)]
+
+
+@pytest.mark.parametrize("field, value", [("subset", 3), ("subset", " "), ("id", 1.5), ("id", True)])
+def test_binary_bad_subset_or_id(tmp_path, field, value):
+    path = write_jsonl(tmp_path / "rb.jsonl", [{"prompt": "Q", "chosen": "a", "rejected": "b", field: value}])
+    with pytest.raises(DataError) as err:
+        load_preference_data(path)
+    assert err.value.field == field and err.value.line == 1

@@ -1,0 +1,117 @@
+"""The report of one or more models on one `EvalSet`: `report.json`'s figures, the per-pair score files,
+the most-disagreeing pairs and the HTML page, written into one folder."""
+
+from __future__ import annotations
+
+import json
+from itertools import combinations
+from pathlib import Path
+
+import numpy as np
+
+from rmkit.report import rewardbench
+from rmkit.report.metrics import agreement, calibration, most_disagreeing, pair_stats, sigmoid
+from rmkit.report.scoring import EvalSet, ModelScores
+
+DISAGREEMENTS_FILE = "disagreements.jsonl"
+
+
+def subset_order(subsets: np.ndarray) -> list[str]:
+    """RewardBench's subsets in its section order, then the others in order of first appearance."""
+    present = list(dict.fromkeys(subsets.tolist()))
+    return [s for s in rewardbench.SUBSETS if s in present] + [s for s in present if s not in rewardbench.EXAMPLE_COUNTS]
+
+
+def model_report(evalset: EvalSet, scores: ModelScores, calibration_bins: int = 10) -> dict:
+    """One model's `subsets`, `sections` (RewardBench's, when its subset names appear), `overall`,
+    `length_bias` and `calibration` (see `rmkit.report.metrics`)."""
+    lengths = (evalset.chosen_len, evalset.rejected_len)
+    subsets = {}
+    for name in subset_order(evalset.subsets):
+        members = evalset.subsets == name
+        subsets[name] = pair_stats(scores.chosen[members], scores.rejected[members],
+                                   *(length[members] for length in lengths))
+    pooled = pair_stats(scores.chosen, scores.rejected, *lengths)
+    sections = {}
+    if rewardbench.is_rewardbench(subsets):
+        sections = rewardbench.section_scores({s: v["accuracy"] for s, v in subsets.items()})
+    overall = {key: pooled[key] for key in ("n", "accuracy", "ci95", "ties", "mean_margin")}
+    overall["rewardbench"] = rewardbench.overall_score(sections) if sections else None
+    length_bias = {key: pooled[key] for key in ("longer_wins_accuracy", "reward_length_spearman")}
+    return {"path": scores.path, "truncated": scores.truncated, "subsets": subsets, "sections": sections,
+            "overall": overall, "length_bias": {**length_bias, **pooled["length_split"]},
+            "calibration": calibration(scores.chosen, scores.rejected, calibration_bins)}
+
+
+def comparison(evalset: EvalSet, models: list[ModelScores], reports: dict[str, dict],
+               top: int) -> tuple[dict, list[dict]]:
+    """Accuracy per subset side by side, agreement of every two models, and their `top` most-disagreeing
+    pairs (rows of `disagreements.jsonl`)."""
+    side_by_side = {s: {m.name: reports[m.name]["subsets"][s]["accuracy"] for m in models}
+                    for s in subset_order(evalset.subsets)}
+    pairwise, rows = [], []
+    for a, b in combinations(models, 2):
+        margin_a, margin_b = a.chosen - a.rejected, b.chosen - b.rejected
+        pairwise.append({"models": [a.name, b.name], **agreement(margin_a, margin_b)})
+        for index, gap in most_disagreeing(margin_a, margin_b, top):
+            rows.append(disagreement_row(evalset, index, gap, (a, b)))
+    return {"models": [m.name for m in models], "accuracy": side_by_side, "agreement": pairwise}, rows
+
+
+def disagreement_row(evalset: EvalSet, index: int, gap: float, models: tuple[ModelScores, ...]) -> dict:
+    pair = evalset.pairs[index]
+    rewards = {m.name: {"reward_chosen": float(m.chosen[index]), "reward_rejected": float(m.rejected[index]),
+                        "p_chosen": float(sigmoid(m.chosen[index] - m.rejected[index]))} for m in models}
+    return {"models": [m.name for m in models], "gap": gap, "index": index, **_where(evalset, index),
+            "prompt": pair.prompt, "chosen": pair.chosen, "rejected": pair.rejected, "rewards": rewards}
+
+
+def _where(evalset: EvalSet, index: int) -> dict:
+    pair = evalset.pairs[index]
+    return {"subset": evalset.subsets[index], "id": pair.id, "source": pair.source}
+
+
+def score_rows(evalset: EvalSet, scores: ModelScores) -> list[dict]:
+    """`scores-<model>.jsonl`: every pair with both rewards and both response lengths (characters)."""
+    return [{"index": i, **_where(evalset, i), "reward_chosen": float(c), "reward_rejected": float(r),
+             "correct": bool(c > r), "chosen_length": int(evalset.chosen_len[i]),
+             "rejected_length": int(evalset.rejected_len[i])}
+            for i, (c, r) in enumerate(zip(scores.chosen, scores.rejected))]
+
+
+def build_report(evalset: EvalSet, models: list[ModelScores], top_disagreements: int = 50,
+                 calibration_bins: int = 10) -> tuple[dict, list[dict]]:
+    """`report.json`'s object and the rows of `disagreements.jsonl` (none for one model)."""
+    reports = {m.name: model_report(evalset, m, calibration_bins) for m in models}
+    report = {"data": evalset.paths, "num_pairs": len(evalset.pairs), "skipped": len(evalset.skipped),
+              "accuracy_rule": "r_chosen > r_rejected (a tie is wrong)",
+              "aggregation": rewardbench.SOURCE if rewardbench.is_rewardbench(evalset.subsets.tolist()) else None,
+              "models": reports}
+    rows = []
+    if len(models) > 1:
+        report["comparison"], rows = comparison(evalset, models, reports, top_disagreements)
+    return report, rows
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+def write_report(out_dir: str | Path, evalset: EvalSet, models: list[ModelScores], top_disagreements: int = 50,
+                 calibration_bins: int = 10) -> dict:
+    """Write `report.json`, `report.html`, `scores-<model>.jsonl` per model and (two or more models)
+    `disagreements.jsonl` into `out_dir`; returns the report."""
+    from rmkit.report.html import render_html  # matplotlib is imported only here
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    report, rows = build_report(evalset, models, top_disagreements, calibration_bins)
+    for scores in models:
+        _write_jsonl(out / f"scores-{scores.name}.jsonl", score_rows(evalset, scores))
+    if len(models) > 1:
+        _write_jsonl(out / DISAGREEMENTS_FILE, rows)
+    (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    (out / "report.html").write_text(render_html(report, evalset, models), encoding="utf-8")
+    return report
