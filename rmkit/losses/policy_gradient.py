@@ -21,7 +21,7 @@ from rmkit.losses.nll import loss_token_mask
 
 
 class ClippedPGLossConfig(TypedDict, total=False):
-    """Keys of `ClippedPGLossFn`'s config (NeMo RL's names). The first six are required."""
+    """Keys of `ClippedPGLossFn`'s config (NeMo RL's names and defaults: every key is optional)."""
 
     reference_policy_kl_penalty: float  # beta >= 0
     ratio_clip_min: float  # eps_min: ratio clipped below at 1 - eps_min
@@ -50,15 +50,13 @@ class ClippedPGLossConfig(TypedDict, total=False):
     positive_example_nll_weight: float
 
 
-REQUIRED_KEYS = {
-    "reference_policy_kl_penalty",
-    "ratio_clip_min",
-    "ratio_clip_max",
-    "use_on_policy_kl_approximation",
-    "use_importance_sampling_correction",
-    "token_level_loss",
-}
-DEFAULTS = {
+DEFAULTS = {  # every key has NeMo RL's default (its ClippedPGLossConfig)
+    "reference_policy_kl_penalty": 0.01,
+    "ratio_clip_min": 0.2,
+    "ratio_clip_max": 0.2,
+    "use_on_policy_kl_approximation": False,
+    "use_importance_sampling_correction": False,
+    "token_level_loss": True,
     "ratio_clip_c": None,
     "disable_ppo_ratio": False,
     "reference_policy_kl_type": "k3",
@@ -88,7 +86,7 @@ def _masked_input(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def _validate(cfg: dict) -> dict:
-    check_config_keys(cfg, REQUIRED_KEYS, set(DEFAULTS), NAME)
+    check_config_keys(cfg, set(), set(DEFAULTS), NAME)
     cfg = {**DEFAULTS, **cfg}
     if cfg["reference_policy_kl_penalty"] < 0:
         raise ValueError(f"{NAME}: reference_policy_kl_penalty must be >= 0")

@@ -15,15 +15,6 @@ import torch
 
 from rmkit.losses import ClippedPGLossFn, NLLLoss, SequencePackingLossWrapper
 
-NEMO_PG_DEFAULTS = {  # NeMo RL's ClippedPGLossConfig defaults for the keys rmkit requires
-    "reference_policy_kl_penalty": 0.01,
-    "ratio_clip_min": 0.2,
-    "ratio_clip_max": 0.2,
-    "use_on_policy_kl_approximation": False,
-    "use_importance_sampling_correction": False,
-    "token_level_loss": True,
-}
-
 
 def _nemo_batch(lengths, max_seq_len, vocab, scale, seed):
     """NeMo RL's test batch: random tokens up to each length (token_mask 1 there), sample_mask 1,
@@ -89,7 +80,7 @@ def test_sequence_packing_gradients_cp1():
     # test_sequence_packing_gradients_with_cp[cp_size=1]: 4 sequences of lengths [128, 128, 128, 384]
     # in rows of 512, vocab 1000, ClippedPG with reference_policy_kl_penalty 0.1 and ratio_clip_c 3,
     # global_valid_toks = sum of the lengths (NeMo RL's count, kept), global_valid_seqs = 4.
-    cfg = {**NEMO_PG_DEFAULTS, "reference_policy_kl_penalty": 0.1, "ratio_clip_c": 3.0}
+    cfg = {"reference_policy_kl_penalty": 0.1, "ratio_clip_c": 3.0}
     lengths = [128, 128, 128, 384]
     baseline, packed = _packed_vs_unpacked(
         cfg, lengths, max_seq_len=512, vocab=1000, scale=1.0, seed=42,
@@ -106,7 +97,7 @@ def test_sequence_packing_fusion_cp1_tp1():
     # gradient is not all zeros.
     lengths = [512 // 4, 512 // 2, 512 // 3, 512 * 3 // 4]
     baseline, packed = _packed_vs_unpacked(
-        dict(NEMO_PG_DEFAULTS), lengths, max_seq_len=512, vocab=512, scale=0.1, seed=42,
+        {}, lengths, max_seq_len=512, vocab=512, scale=0.1, seed=42,
         global_valid_toks=torch.tensor(float(sum(n - 1 for n in lengths))),
     )
     assert baseline[2].abs().sum() > 0 and packed[2].abs().sum() > 0

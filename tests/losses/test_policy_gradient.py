@@ -334,10 +334,18 @@ def test_invalid_configs_raise_clear_errors(overrides, match):
         ClippedPGLossFn({**BASE, **overrides})
 
 
-def test_missing_key_is_named():
-    cfg = {k: v for k, v in BASE.items() if k != "token_level_loss"}
-    with pytest.raises(ValueError, match="missing key.*token_level_loss"):
-        ClippedPGLossFn(cfg)
+def test_missing_keys_take_nemo_rls_defaults():
+    """NeMo RL's ClippedPGLossConfig defaults every key: an empty config is its default loss."""
+    logits, data = random_batch()
+    defaults = {"reference_policy_kl_penalty": 0.01, "ratio_clip_min": 0.2, "ratio_clip_max": 0.2,
+                "use_on_policy_kl_approximation": False, "use_importance_sampling_correction": False,
+                "token_level_loss": True}
+    counts = global_counts(data)
+    implicit, _ = ClippedPGLossFn({})(logits, data, *counts)
+    explicit, _ = ClippedPGLossFn(defaults)(logits, data, *counts)
+    torch.testing.assert_close(implicit, explicit, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="unknown key.*ratio_clip"):
+        ClippedPGLossFn({"ratio_clip": 0.2})
 
 
 def test_kl_needs_reference_logprobs():

@@ -17,15 +17,6 @@ import torch
 
 from rmkit.losses import ClippedPGLossFn
 
-NEMO_DEFAULTS = {  # NeMo RL's defaults for the keys rmkit requires
-    "reference_policy_kl_penalty": 0.01,
-    "ratio_clip_min": 0.2,
-    "ratio_clip_max": 0.2,
-    "use_on_policy_kl_approximation": False,
-    "use_importance_sampling_correction": False,
-    "token_level_loss": True,
-}
-
 # The log-probs NeMo RL's tests use most: ratios exp(curr - prev) of about 0.5, 1 and 1.5 at prev = -1.
 ADV = torch.tensor([[1.0, -1.0, 2.0]])
 PREV = torch.tensor([[-1.0, -1.0, -1.0]])
@@ -34,7 +25,7 @@ GEN = torch.tensor([[-0.5, -1.5, -0.8]])
 
 
 def nemo_cfg(**overrides):
-    return {**NEMO_DEFAULTS, **overrides}
+    return dict(overrides)
 
 
 def _data(batch_size=1, seq_len=4):
