@@ -96,11 +96,17 @@ class ScoringEngine:
     # ---- text to ids -------------------------------------------------------------------------------
 
     def _fit(self, inputs: Sequence, overlong: str | None = None) -> tuple[list[list[int]], int]:
-        """The core's ids of each input and how many were cut; InputError under "refuse" (`overlong`, else
-        the engine's policy) for an over-long one, or when one has no tokens."""
+        """The core's ids of each input and how many were cut (`_check_cut`)."""
+        return self._check_cut(self.scorer.encode(inputs), overlong)
+
+    def _check_cut(self, fitted: Sequence[tuple[list[int], int]],
+                   overlong: str | None) -> tuple[list[list[int]], int]:
+        """The ids of `(ids, full_length)` inputs already cut to the max length, and how many were cut;
+        InputError under "refuse" (`overlong`, else the engine's policy) for an over-long one, or when one
+        has no tokens."""
         overlong = overlong or self.overlong
         out, truncated = [], 0
-        for i, (ids, full_length) in enumerate(self.scorer.encode(inputs)):
+        for i, (ids, full_length) in enumerate(fitted):
             if not ids:
                 raise InputError(f"input {i} has no tokens")
             if full_length > self.max_length:
@@ -126,16 +132,11 @@ class ScoringEngine:
         if not isinstance(sequences, list) or not sequences:
             raise InputError("no inputs to score")
         vocab = self.scorer.model.get_input_embeddings().num_embeddings
-        out, truncated = [], 0
         for i, ids in enumerate(sequences):
             if not ids or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in ids):
                 raise InputError(f"input {i} must be a non-empty list of token ids in [0, {vocab})")
-            if len(ids) > self.max_length:
-                if (overlong or self.overlong) == "refuse":
-                    raise InputError(f"input {i} has {len(ids)} tokens, over the maximum of {self.max_length}")
-                ids, truncated = keep_end(self.tokenizer, list(ids), self.max_length), truncated + 1
-            out.append(list(ids))
-        return out, truncated
+        return self._check_cut([(keep_end(self.tokenizer, list(ids), self.max_length), len(ids)) for ids in sequences],
+                               overlong)
 
     def encode_conversations(self, conversations: Sequence[list[dict]]) -> tuple[list[list[int]], int]:
         """Token ids of each conversation (the model's chat template) and how many were truncated; the

@@ -54,12 +54,11 @@ def export_model(model: torch.nn.Module, tokenizer, out_dir: str | Path, cfg: Co
     with transformers_progress_bars_off():
         model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    if stats is not None:
-        (out_dir / REWARD_STATS).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
     if contract is None:
         max_length = cfg.policy.max_total_sequence_length if cfg else model_max_length(model, tokenizer)
         contract = contract_for(model, tokenizer, max_length)
     if stats is not None:
+        (out_dir / REWARD_STATS).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
         contract = replace(contract, reward_mean=stats.get("mean"), reward_std=stats.get("std"))
     write_contract(contract, out_dir)
     if cfg is not None:
