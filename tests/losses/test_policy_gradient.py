@@ -188,6 +188,20 @@ def reference_loss(logits, data, gvs, gvt, cfg):
     return actor_total + beta * kl_total + cfg.get("positive_example_nll_weight", 0.0) * nll
 
 
+
+def assert_matches_reference(logits, data, cfg):
+    """`(loss, metrics, grad)` of ClippedPGLossFn, after checking the loss and its gradient against
+    `reference_loss` within rtol 1e-10 (float64 inputs: rounding is ~1e-15)."""
+    gvs, gvt = global_counts(data)
+    loss, metrics = ClippedPGLossFn(cfg)(logits, data, gvs, gvt)
+    want = reference_loss(logits, data, gvs, gvt, cfg)
+    torch.testing.assert_close(loss, want, rtol=1e-10, atol=1e-14)
+    (g,) = torch.autograd.grad(loss, logits, retain_graph=True)
+    (g_want,) = torch.autograd.grad(want, logits)
+    torch.testing.assert_close(g, g_want, rtol=1e-10, atol=1e-14)
+    return loss, metrics, g
+
+
 @pytest.mark.parametrize("seed,name", list(enumerate(sorted(CONFIGS))))
 @pytest.mark.parametrize("per_seq_adv", [False, True])
 def test_matches_loop_reference_values_and_gradients(seed, name, per_seq_adv):
@@ -197,13 +211,7 @@ def test_matches_loop_reference_values_and_gradients(seed, name, per_seq_adv):
     logits, data = random_batch(per_seq_advantages=per_seq_adv, seed=seed)
     if "positive_example_nll_weight" in cfg:
         data["rewards"] = torch.tensor([1.0, 1.0, 0.0, 0.5])  # rows 0 and 3 count (row 1 is masked)
-    gvs, gvt = global_counts(data)
-    loss, metrics = ClippedPGLossFn(cfg)(logits, data, gvs, gvt)
-    want = reference_loss(logits, data, gvs, gvt, cfg)
-    torch.testing.assert_close(loss, want, rtol=1e-10, atol=1e-14)
-    (g,) = torch.autograd.grad(loss, logits, retain_graph=True)
-    (g_want,) = torch.autograd.grad(want, logits)
-    torch.testing.assert_close(g, g_want, rtol=1e-10, atol=1e-14)
+    loss, metrics, g = assert_matches_reference(logits, data, cfg)
     assert torch.all(g[1] == 0)  # row 1 has sample_mask 0
     assert math.isfinite(metrics["loss"]) and metrics["num_valid_samples"] == 3
     assert metrics["probs_ratio_min"] <= metrics["probs_ratio"] <= metrics["probs_ratio_max"]
@@ -216,13 +224,8 @@ def test_kl_uses_curr_logprobs_unfiltered(on_policy):
     cfg = {**BASE, "reference_policy_kl_penalty": 0.7, "use_on_policy_kl_approximation": on_policy}
     logits, data = random_batch(seed=3)
     data["curr_logprobs_unfiltered"] = aligned_logprobs(logits * 0.8, data["input_ids"])
+    loss, _, _ = assert_matches_reference(logits, data, cfg)
     gvs, gvt = global_counts(data)
-    loss, _ = ClippedPGLossFn(cfg)(logits, data, gvs, gvt)
-    want = reference_loss(logits, data, gvs, gvt, cfg)
-    torch.testing.assert_close(loss, want, rtol=1e-10, atol=1e-14)
-    (g,) = torch.autograd.grad(loss, logits, retain_graph=True)
-    (g_want,) = torch.autograd.grad(want, logits)
-    torch.testing.assert_close(g, g_want, rtol=1e-10, atol=1e-14)
     del data["curr_logprobs_unfiltered"]
     assert not torch.isclose(ClippedPGLossFn(cfg)(logits, data, gvs, gvt)[0], loss)
     data["curr_logprobs_unfiltered"] = torch.zeros(4, 6)
