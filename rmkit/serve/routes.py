@@ -80,10 +80,16 @@ async def classify_route(engine: ScoringEngine, payload: dict, max_inputs: int) 
     use_activation = activation_flag(payload)
     logits = await engine.score_ids_async(ids)
     probs = activation(logits) if use_activation else logits
-    tokens = sum(map(len, ids))
     data = [{"index": i, "label": engine.labels[int(row.argmax())], "probs": row.tolist(),
              "num_classes": engine.num_labels} for i, row in enumerate(probs)]
-    return {"id": f"classify-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
+    return vllm_list_response("classify", engine, payload, data, ids)
+
+
+def vllm_list_response(kind: str, engine: ScoringEngine, payload: dict, data: list, ids: list[list[int]]) -> dict:
+    """vLLM's list envelope (classify, score, pooling): id, object, created, the requested model, `data`
+    and the token usage of `ids`."""
+    tokens = sum(map(len, ids))
+    return {"id": f"{kind}-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
             "model": requested_model(engine, payload), "data": data,
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
                       "prompt_tokens_details": None}}
@@ -276,12 +282,8 @@ async def vllm_score_route(engine: ScoringEngine, payload: dict, max_inputs: int
     ids, _ = engine.encode_texts(texts)
     logits = await engine.score_ids_async(ids)
     scores = activation(logits) if activation_flag(payload) else logits
-    tokens = sum(map(len, ids))
     data = [{"index": i, "object": "score", "score": row[0].item()} for i, row in enumerate(scores)]
-    return {"id": f"score-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-            "model": requested_model(engine, payload), "data": data,
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
-                      "prompt_tokens_details": None}}
+    return vllm_list_response("score", engine, payload, data, ids)
 
 
 async def rerank_route(engine: ScoringEngine, payload: dict, max_inputs: int) -> dict:
@@ -309,9 +311,5 @@ async def pooling_route(engine: ScoringEngine, payload: dict, max_inputs: int) -
     """`POST /pooling`: vLLM's pooling API for a classifier: each input's raw head output `[K]`."""
     ids = vllm_input_ids(engine, payload, max_inputs)
     raw = await engine.score_ids_async(ids)
-    tokens = sum(map(len, ids))
-    return {"id": f"pool-{uuid.uuid4().hex}", "object": "list", "created": int(time.time()),
-            "model": requested_model(engine, payload),
-            "data": [{"index": i, "object": "pooling", "data": row.tolist()} for i, row in enumerate(raw)],
-            "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
-                      "prompt_tokens_details": None}}
+    data = [{"index": i, "object": "pooling", "data": row.tolist()} for i, row in enumerate(raw)]
+    return vllm_list_response("pool", engine, payload, data, ids)
