@@ -453,17 +453,19 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
     return parsed
 
 
-def config_from_dict(values: dict | None, overrides: list[str] | None = None) -> Config:
-    """A `Config` from a nested dict (YAML) with dotted overrides applied on top."""
+def config_from_dict(values: dict | None, overrides: list[str] | None = None, tree_type: type | None = None) -> Any:
+    """A config tree of `tree_type` (a recipe's top-level dataclass; default the reward-model `Config`) from a nested
+    dict (YAML) with dotted overrides applied on top."""
     tree = dict(values or {})
     tree = yaml.safe_load(yaml.safe_dump(tree))  # a deep copy we may edit
     for key, value in parse_overrides(overrides or []):
         _set_dotted(tree, key, value)
-    return _build(Config, tree)
+    return _build(Config if tree_type is None else tree_type, tree)
 
 
-def load_config(path: str | Path | None, overrides: list[str] | None = None) -> Config:
-    """Read a YAML config (None: all defaults) and apply `section.key=value` overrides."""
+def load_config(path: str | Path | None, overrides: list[str] | None = None, tree_type: type | None = None) -> Any:
+    """Read a YAML config (None: all defaults) and apply `section.key=value` overrides; `tree_type` is the
+    recipe's top-level dataclass (default: the reward-model `Config`)."""
     values: dict = {}
     if path is not None:
         path = Path(path)
@@ -475,7 +477,7 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
             raise ConfigError("--config", f"{path} is not valid YAML: {err}") from None
         if not isinstance(values, dict):
             raise ConfigError("--config", f"{path} must hold a mapping of sections")
-    return config_from_dict(values, overrides)
+    return config_from_dict(values, overrides, tree_type)
 
 
 def config_to_dict(cfg: Config) -> dict:

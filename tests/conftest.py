@@ -30,3 +30,24 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip("../shared/data is absent")
     return SHARED_DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_policy(tmp_path_factory) -> str:
+    """A random Llama causal LM (hidden 32, 2 layers) with SmolLM2's real tokenizer and chat template (pad =
+    eos = <|im_end|>), saved to a folder: what the policy recipes (SFT, DPO, GRPO) load in tests."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from rmkit.models.reward import load_tokenizer
+    from rmkit.models.setup import resolve_model_name
+
+    tokenizer = load_tokenizer(resolve_model_name("smollm2"))
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
+    path = tmp_path_factory.mktemp("tiny_policy")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)

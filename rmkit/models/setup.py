@@ -45,8 +45,16 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
 
+def is_causal_lm(model: PreTrainedModel) -> bool:
+    """True for a language model with its LM head (a policy), False for a reward model's classifier."""
+    return type(model).__name__.endswith("ForCausalLM")
+
+
 def head_module_names(model: PreTrainedModel) -> list[str]:
-    """Names of the modules that are the reward head (always trained; `modules_to_save` under LoRA)."""
+    """Names of the modules that are the reward head (always trained; `modules_to_save` under LoRA).
+    A policy (causal LM) has none: its LM head is trained like any other weight, or not under LoRA."""
+    if is_causal_lm(model):
+        return []
     if uses_last_token_pooling(model):
         return ["score"]
     names = ["classifier"]
@@ -95,14 +103,15 @@ def disable_dropout(model: torch.nn.Module) -> None:
 
 
 def apply_lora(model: PreTrainedModel, r: int, alpha: int, dropout: float, target_modules: list[str] | None):
-    """Wrap in peft LoRA adapters; the head modules are fully trainable and saved (`modules_to_save`)."""
+    """Wrap in peft LoRA adapters; a reward model's head modules are fully trainable and saved
+    (`modules_to_save`); a policy (causal LM) gets adapters only."""
     try:
         from peft import LoraConfig, TaskType, get_peft_model
     except ImportError:
         raise ConfigError("policy.lora.enabled", "LoRA needs peft (pip install 'rmkit[peft]')") from None
     config = LoraConfig(
-        task_type=TaskType.SEQ_CLS, r=r, lora_alpha=alpha, lora_dropout=dropout,
-        target_modules=target_modules or "all-linear", modules_to_save=head_module_names(model),
+        task_type=TaskType.CAUSAL_LM if is_causal_lm(model) else TaskType.SEQ_CLS, r=r, lora_alpha=alpha, lora_dropout=dropout,
+        target_modules=target_modules or "all-linear", modules_to_save=head_module_names(model) or None,
     )
     with warnings.catch_warnings():  # peft reads transformers' deprecated `is_gradient_checkpointing`
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)

@@ -1,10 +1,12 @@
-"""Save the final reward model as a plain Hugging Face model directory.
+"""Save the final model (a reward model or a policy) as a plain Hugging Face model directory.
 
 `<checkpoint_dir>/final/` holds safetensors weights, config, tokenizer (with its chat template),
 `scoring_contract.json` (how every rmkit path turns an input into a reward: `rmkit.inference`),
 `reward_stats.json` (validation reward mean and std, overall and per set) and `rmkit_config.yaml` (the
 resolved training config). `AutoModelForSequenceClassification.from_pretrained`
 on it reproduces rmkit's rewards: decoders carry a pad token distinct from every real last token.
+A policy's directory (`export_policy`) holds weights, config, tokenizer and `rmkit_config.yaml`, and loads
+with `AutoModelForCausalLM.from_pretrained`.
 """
 
 from __future__ import annotations
@@ -40,11 +42,9 @@ def reward_stats(rewards: dict[str, tuple[torch.Tensor, torch.Tensor]]) -> dict:
             "count": int(everything.numel()), "sets": per_set}
 
 
-def export_model(model: torch.nn.Module, tokenizer, out_dir: str | Path, cfg: Config | None = None,
-                 stats: dict | None = None, contract: ScoringContract | None = None) -> Path:
-    """Write `model` (LoRA merged, float32 weights, training wrappers removed), `tokenizer` and the scoring
-    `contract` (with the reward mean and std of `stats`) to `out_dir`. Without a `contract`, the one of
-    `cfg`'s max length (else the model's position limit)."""
+def save_hf_model(model: torch.nn.Module, tokenizer, out_dir: str | Path) -> tuple[torch.nn.Module, Path]:
+    """Write `model` (LoRA merged, training wrappers removed) as safetensors with its config, and
+    `tokenizer` (chat template included), to `out_dir`. Returns the plain model written and the directory."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # Merging LoRA rewrites the base weights; merge a copy so the training model stays as it was.
@@ -54,6 +54,15 @@ def export_model(model: torch.nn.Module, tokenizer, out_dir: str | Path, cfg: Co
     with transformers_progress_bars_off():
         model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+    return model, out_dir
+
+
+def export_model(model: torch.nn.Module, tokenizer, out_dir: str | Path, cfg: Config | None = None,
+                 stats: dict | None = None, contract: ScoringContract | None = None) -> Path:
+    """Write the reward `model` (`save_hf_model`) and the scoring `contract` (with the reward mean and std
+    of `stats`) to `out_dir`. Without a `contract`, the one of `cfg`'s max length (else the model's
+    position limit)."""
+    model, out_dir = save_hf_model(model, tokenizer, out_dir)
     if contract is None:
         max_length = cfg.policy.max_total_sequence_length if cfg else model_max_length(model, tokenizer)
         contract = contract_for(model, tokenizer, max_length)
@@ -61,6 +70,15 @@ def export_model(model: torch.nn.Module, tokenizer, out_dir: str | Path, cfg: Co
         (out_dir / REWARD_STATS).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
         contract = replace(contract, reward_mean=stats.get("mean"), reward_std=stats.get("std"))
     write_contract(contract, out_dir)
+    if cfg is not None:
+        save_config(cfg, out_dir / CONFIG_NAME)
+    return out_dir
+
+
+def export_policy(model: torch.nn.Module, tokenizer, out_dir: str | Path, cfg=None) -> Path:
+    """Write the policy `model` (`save_hf_model`) and the resolved run config: a directory that
+    `AutoModelForCausalLM.from_pretrained` and `AutoTokenizer.from_pretrained` load."""
+    _, out_dir = save_hf_model(model, tokenizer, out_dir)
     if cfg is not None:
         save_config(cfg, out_dir / CONFIG_NAME)
     return out_dir

@@ -1,0 +1,43 @@
+"""Load a causal language model as a policy (what DPO, SFT and GRPO train) and get its tokenizer ready.
+
+Any `AutoModelForCausalLM` checkpoint loads: a directory, a hub id, a GGUF directory (transformers
+dequantizes it), or a packaged backbone (`smollm2`). Padding is on the right for training (attention masks
+say which tokens are real, so pad may equal eos); generation pads prompts on the left itself.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, PreTrainedModel
+
+from rmkit.models.reward import (
+    find_gguf_file,
+    forget_dequantized_gguf,
+    load_tokenizer,
+    transformers_progress_bars_off,
+)
+
+
+def ensure_policy_pad_token(model: PreTrainedModel, tokenizer) -> None:
+    """A tokenizer without a pad token pads with eos (or unk): a policy reads which tokens are real
+    from the attention mask, so no new token (and no new embedding row in the exported model) is needed."""
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token if tokenizer.eos_token is not None else tokenizer.unk_token
+    model.config.pad_token_id = tokenizer.pad_token_id
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+
+
+def load_policy_model(name_or_path: str | Path, dtype: torch.dtype = torch.float32, chat_template: str | None = None):
+    """`(model, tokenizer)`: `name_or_path` as a causal LM in `dtype`, with a pad token."""
+    gguf_file = find_gguf_file(name_or_path)
+    kwargs = {"dtype": dtype, **({"gguf_file": gguf_file} if gguf_file else {})}
+    with transformers_progress_bars_off():
+        model = AutoModelForCausalLM.from_pretrained(str(name_or_path), **kwargs)
+    if gguf_file:
+        forget_dequantized_gguf(model)
+    tokenizer = load_tokenizer(name_or_path, chat_template=chat_template)
+    ensure_policy_pad_token(model, tokenizer)
+    return model, tokenizer
