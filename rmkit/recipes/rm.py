@@ -133,7 +133,7 @@ def train(cfg: Config) -> TrainResult:
     else:  # DDP under torchrun (gradients summed over ranks) wraps the whole chunked reward computation
         forward = dist.wrap_data_parallel(forward, info)
     data = load_run_data(cfg, tokenizer, out_dir)
-    sampler = make_sampler(cfg, data.lengths)
+    sampler = make_sampler(cfg, data.lengths, cfg.rm.seed)
 
     # --- optimizer, schedule, state
     optimizer = build_optimizer(model, cfg.policy.optimizer)

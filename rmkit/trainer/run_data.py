@@ -88,8 +88,8 @@ def load_run_data(cfg: Config, tokenizer, out_dir: Path) -> RunData:
     return RunData(train=train, val=val, lengths=[item_length(i) for i in train])
 
 
-def make_sampler(cfg: Config, lengths: list[int]):
-    """Global batches of indices. `length_grouped` puts similar lengths together (little padding);
+def make_sampler(cfg, lengths: list[int], seed: int):
+    """Global batches of indices (of `policy.train_global_batch_size`, shuffled from `seed`). `length_grouped` puts similar lengths together (little padding);
     `random` is a plain shuffle (each length its own bucket is not needed: all lengths equal)."""
     if cfg.data.batching == "random":
         lengths = [0] * len(lengths)  # one length: grouping degenerates into a plain shuffle
@@ -101,4 +101,4 @@ def make_sampler(cfg: Config, lengths: list[int]):
         raise ConfigError("policy.train_global_batch_size",
                           f"{cfg.policy.train_global_batch_size} does not divide among {world} processes")
     return LengthGroupedBatchSampler(lengths, batch_size=cfg.policy.train_global_batch_size // world,
-                                     seed=cfg.rm.seed, num_replicas=world, rank=dist.rank())
+                                     seed=seed, num_replicas=world, rank=dist.rank())

@@ -1,0 +1,106 @@
+"""Completions from a policy: prompts in; completion ids, text and per-token log-probs out.
+
+One small interface, `generate_completions`, so that another backend (vLLM where GPUs are) can stand in;
+the one shipped is transformers' `generate`: batched, KV cache, prompts padded on the left. Greedy when
+`temperature == 0` (the sample generations DPO and SFT write at validation), else sampling with
+temperature / top-p / top-k (GRPO's rollouts). The log-prob of a sampled token is
+`log_softmax(logits / temperature)` of the model's raw logits, what the clipped policy-gradient loss
+compares training log-probs with (`token_mult_prob_error`); greedy decoding reports `log_softmax(logits)`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from rmkit.data.tokenize import as_messages, encode_text, render_plain
+
+
+@dataclass
+class SamplingParams:
+    """How completions are drawn (NeMo RL's `policy.generation.*` names)."""
+
+    max_new_tokens: int = 128
+    temperature: float = 1.0
+    """0 = greedy."""
+    top_p: float = 1.0
+    top_k: int | None = None
+
+
+@dataclass
+class Completions:
+    """`generate_completions`' answer, one entry per prompt, in order."""
+
+    ids: list[list[int]]
+    """Generated token ids, up to and including the stop token (EOS) when one came."""
+    text: list[str]
+    """The completions decoded without special tokens."""
+    logprobs: list[torch.Tensor]
+    """`[len(ids[i])]` float32 log-probs of each generated token, as sampled."""
+    truncated: list[bool]
+    """True where `max_new_tokens` ran out before a stop token."""
+
+
+def render_prompt(tokenizer, prompt: str | list[dict]) -> list[int]:
+    """Token ids of a prompt ready for the policy to answer: the chat template with its generation prompt
+    (a text is one user message), or rmkit's plain "User: ...\\nAssistant:" without a template."""
+    messages = as_messages(prompt, "user")
+    if getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                  return_dict=True)["input_ids"])
+    return encode_text(tokenizer, render_plain(messages) + "\nAssistant:")
+
+
+def _left_padded(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - len(prompt):] = torch.tensor(prompt, dtype=torch.long)
+        mask[row, width - len(prompt):] = 1
+    return ids, mask
+
+
+@torch.no_grad()
+def generate_completions(model, tokenizer, prompts: Sequence[Sequence[int]], params: SamplingParams,
+                         generator: torch.Generator | None = None) -> Completions:
+    """Complete every prompt (token ids) once. transformers' `generate` draws from torch's global RNG;
+    with `generator` (a CPU `torch.Generator`) the draws come from its state instead, which is advanced,
+    and the global RNG is left as it was."""
+    device = next(model.parameters()).device
+    ids, mask = _left_padded(prompts, tokenizer.pad_token_id)
+    greedy = params.temperature == 0
+    options = {"do_sample": False} if greedy else {
+        "do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or 0}
+    was_training = model.training
+    model.eval()
+    with torch.random.fork_rng(devices=[]) if generator is not None else contextlib.nullcontext():
+        if generator is not None:
+            torch.set_rng_state(generator.get_state())
+        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+                             max_new_tokens=params.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
+                             eos_token_id=tokenizer.eos_token_id, output_logits=True, return_dict_in_generate=True,
+                             **options)
+        if generator is not None:
+            generator.set_state(torch.get_rng_state())
+    model.train(was_training)
+    new = out.sequences[:, ids.shape[1]:].cpu()
+    logits = torch.stack(out.logits, dim=1).float().cpu()  # [B, T, V]: the raw logits of each generated step
+    scaled = logits if greedy else logits / params.temperature
+    token_logprobs = torch.log_softmax(scaled, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
+    return _completions(new, token_logprobs, tokenizer)
+
+
+def _completions(new: torch.Tensor, token_logprobs: torch.Tensor, tokenizer) -> Completions:
+    result = Completions([], [], [], [])
+    for row, logprobs in zip(new.tolist(), token_logprobs):
+        stop = next((i for i, t in enumerate(row) if t == tokenizer.eos_token_id), None)
+        kept = row if stop is None else row[:stop + 1]
+        result.ids.append(kept)
+        result.text.append(tokenizer.decode(kept, skip_special_tokens=True))
+        result.logprobs.append(logprobs[:len(kept)].clone())
+        result.truncated.append(stop is None)
+    return result
