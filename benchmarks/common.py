@@ -104,7 +104,13 @@ def load_tokenized_pairs(path: Path, tokenizer, max_length: int, limit: int | No
 
 
 def pairwise_accuracy(model_dir: Path, pairs: list, max_length: int) -> float:
-    """Fraction of `pairs` whose chosen reward is strictly greater (a tie is wrong), scored by the inference
+    """Fraction of `pairs` whose chosen reward is strictly greater (a tie is wrong): `pairwise_correct`."""
+    correct = pairwise_correct(model_dir, pairs, max_length)
+    return sum(correct) / len(correct)
+
+
+def pairwise_correct(model_dir: Path, pairs: list, max_length: int) -> list[bool]:
+    """Per pair, whether the chosen reward is strictly greater (a tie is wrong), scored by the inference
     core in fp32: `load_scorer(model_dir, max_length=max_length)`, each side of a pair encoded and cut to
     `max_length` on its own (`encode_pairs`), rewards from `score_ids`."""
     from rmkit.inference import load_scorer
@@ -115,7 +121,7 @@ def pairwise_accuracy(model_dir: Path, pairs: list, max_length: int) -> float:
         raise SystemExit(f"{model_dir}: encoding dropped {len(pairs) - len(tokenized.pairs)} pairs")
     rows = [ids for p in tokenized.pairs for ids in (p.chosen_ids, p.rejected_ids)]  # [c0, r0, c1, r1, ...]
     rewards = scorer.score_ids(rows)[:, 0]
-    return (rewards[0::2] > rewards[1::2]).float().mean().item()
+    return (rewards[0::2] > rewards[1::2]).tolist()
 
 
 def non_embedding_params(model: torch.nn.Module) -> int:

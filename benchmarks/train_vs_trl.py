@@ -82,7 +82,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--epochs", type=int, default=1, help="passes over the training pairs, both sides")
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR)
+    parser.add_argument("--train-file", type=Path, help="training pairs (default: DATA_DIR/hh_harmless_train.jsonl)")
+    parser.add_argument("--eval-dir", type=Path, help="where --eval-files are (default: DATA_DIR)")
+    parser.add_argument(
+        "--rmkit-override", action="append", default=[], metavar="KEY=VALUE",
+        help="a dotted config override for the rmkit side (repeatable), e.g. data.batching=random",
+    )
     parser.add_argument(
         "--rmkit-src", type=Path, help="run the rmkit side from another checkout (before/after)"
     )
@@ -110,6 +117,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.micro_batch_size = args.micro_batch_size or args.batch_size
     if args.batch_size % args.micro_batch_size:
         parser.error("--batch-size must be a multiple of --micro-batch-size")
+    args.train_file = args.train_file or args.data_dir / "hh_harmless_train.jsonl"
+    args.eval_dir = args.eval_dir or args.data_dir
     args.work_dir = args.work_dir or Path(f"/tmp/rmkit-bench-{args.workload}")
     suffix = "" if args.workload == "minilm" else f"_{args.workload}"
     args.output = args.output or common.REPO_ROOT / "benchmarks" / "results" / f"train_vs_trl{suffix}.json"
@@ -175,7 +184,7 @@ def train_trl(spec: dict) -> None:
         per_device_train_batch_size=spec["micro_batch_size"],
         gradient_accumulation_steps=spec["batch_size"] // spec["micro_batch_size"],
         learning_rate=spec["lr"],
-        num_train_epochs=1,
+        num_train_epochs=spec["epochs"],
         lr_scheduler_type=spec["schedule"],
         warmup_steps=spec["warmup_steps"],
         weight_decay=spec["weight_decay"],
@@ -206,7 +215,7 @@ def rmkit_config(spec: dict) -> dict:
     """The `rmkit train` config matching TRL's run (no validation, no plots, final model only)."""
     return {
         "rm": {
-            "max_num_epochs": 1,
+            "max_num_epochs": spec["epochs"],
             "seed": spec["seed"],
             "val_at_start": False,
             "val_at_end": False,
@@ -247,7 +256,7 @@ def train_rmkit(spec: dict) -> None:
     config_path = Path(spec["out_dir"]) / "bench.yaml"
     config_path.parent.mkdir(parents=True, exist_ok=True)
     config_path.write_text(yaml.safe_dump(rmkit_config(spec), sort_keys=False))
-    status = rmkit_main(["train", "--config", str(config_path)])
+    status = rmkit_main(["train", "--config", str(config_path), *spec["rmkit_overrides"]])
     if status != 0:
         raise SystemExit(f"rmkit train exited with status {status}")
     shutil.move(str(Path(spec["out_dir"]) / "final"), spec["model_out"])
@@ -286,12 +295,12 @@ def prepare(args: argparse.Namespace) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     model_dir = common.export_reward_model(args.backbone, work / "model", args.seed)
     tokenizer = load_tokenizer(model_dir)
-    lines = (args.data_dir / "hh_harmless_train.jsonl").read_text().splitlines(keepends=True)
+    lines = args.train_file.read_text().splitlines(keepends=True)
     train_jsonl = work / "train.jsonl"
     train_jsonl.write_text("".join(lines[: args.pairs] if args.pairs else lines))
     chosen, rejected = common.load_tokenized_pairs(train_jsonl, tokenizer, args.max_length)
     (work / "train_tokens.json").write_text(json.dumps({"chosen": chosen, "rejected": rejected}))
-    val = {name: common.load_pairs(args.data_dir / name, args.eval_pairs) for name in args.eval_files}
+    val = {name: common.load_pairs(args.eval_dir / name, args.eval_pairs) for name in args.eval_files}
     model, _ = load_reward_model(model_dir)
     return {
         "model_dir": str(model_dir),
@@ -314,11 +323,13 @@ def run_once(args, data: dict, side: str, precision: str, repeat: int) -> dict:
         "precision": precision,
         "threads": args.threads,
         "seed": args.seed,
+        "epochs": args.epochs,
+        "rmkit_overrides": args.rmkit_override,
         "batch_size": args.batch_size,
         "micro_batch_size": args.micro_batch_size,
         "lr": args.lr,
         "schedule": args.schedule,
-        "warmup_steps": math.ceil(args.warmup_ratio * math.ceil(data["num_pairs"] / args.batch_size)),
+        "warmup_steps": math.ceil(args.warmup_ratio * args.epochs * math.ceil(data["num_pairs"] / args.batch_size)),
         "weight_decay": args.weight_decay,
         "max_length": args.max_length,
         "model_dir": data["model_dir"],
@@ -357,13 +368,15 @@ def run_once(args, data: dict, side: str, precision: str, repeat: int) -> dict:
         precision=precision,
         repeat=repeat,
         wall_s=wall,
-        pairs_per_s=data["num_pairs"] / train_s,
-        real_tokens_per_s=data["real_tokens"] / train_s,
+        pairs_per_s=args.epochs * data["num_pairs"] / train_s,
+        real_tokens_per_s=args.epochs * data["real_tokens"] / train_s,
         padding_fraction=1 - data["real_tokens"] / max(result["computed_tokens"], 1),
     )
     if repeat == 0:
         for name, pairs in data["val"].items():
-            result[f"accuracy/{name}"] = common.pairwise_accuracy(Path(spec["model_out"]), pairs, args.max_length)
+            correct = common.pairwise_correct(Path(spec["model_out"]), pairs, args.max_length)
+            result[f"accuracy/{name}"] = sum(correct) / len(correct)
+            result[f"correct/{name}"] = [int(c) for c in correct]
     shutil.rmtree(out_dir / "model", ignore_errors=True)
     print(
         f"{side:>5} {precision} #{repeat}: {result['pairs_per_s']:.2f} pairs/s, train {train_s:.1f} s, "

@@ -182,3 +182,42 @@ def test_recipe_sweep_trains_each_setting_and_scores_it_on_both_held_out_files(t
     assert "4 steps" in payload["runs"]["recipe"]["train_rate"]
     assert "2 steps" in payload["runs"]["epochs1_lr1e-4"]["train_rate"]
     assert "| epochs1_lr1e-4 |" in recipe_sweep.markdown_table(payload)
+
+
+def test_quality_paired_comparison_against_hand_computed_values():
+    from benchmarks.quality_vs_trl import paired, parse_variant
+
+    # Two seeds, four pairs. Per pair, the fraction of seeds right: mine [1, .5, 0, 1], theirs [.5, .5, .5, 0];
+    # differences [.5, 0, -.5, 1]: mean .25, sample std sqrt(((.25)^2 + (.25)^2 + (.75)^2 + (.75)^2) / 3).
+    result = paired([[1, 1, 0, 1], [1, 0, 0, 1]], [[1, 0, 1, 0], [0, 1, 0, 0]])
+    assert result["mean_difference"] == pytest.approx(0.25)
+    assert result["standard_error"] == pytest.approx((1.25 / 3) ** 0.5 / 2)
+    assert result["not_below_by_more_than_se"]
+    assert parse_variant("random:data.batching=random+rm.seed=3") == ("random", "rmkit", ["data.batching=random", "rm.seed=3"])
+
+
+@pytest.mark.slow
+def test_quality_vs_trl_smoke_two_seeds(tmp_path):
+    """Both trainers and an override variant, two seeds, on a tiny BERT: the dev split is carved from the
+    training file and disjoint from what is trained on, and every summary field is filled."""
+    from benchmarks import quality_vs_trl
+
+    backbone = tiny_bert_reward_model(tmp_path / "backbone")
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    write_pairs(data_dir / "hh_harmless_train.jsonl", 24)
+    out = tmp_path / "quality.json"
+    quality_vs_trl.main(["--backbone", str(backbone), "--data-dir", str(data_dir), "--dev-pairs", "8",
+                         "--seeds", "1,2", "--epochs", "1", "--batch-size", "8", "--threads", "1",
+                         "--variants", "trl,rmkit,random:data.batching=random",
+                         "--work-dir", str(tmp_path / "work"), "--output", str(out)])
+    train = (tmp_path / "work" / "train_rest.jsonl").read_text().splitlines()
+    dev = (tmp_path / "work" / "eval" / "dev.jsonl").read_text().splitlines()
+    assert len(train) == 16 and len(dev) == 8 and not set(train) & set(dev)
+    result = json.loads(out.read_text())
+    assert set(result["summary"]) == {"trl", "rmkit", "random"}
+    for label in ("rmkit", "random"):
+        row = result["summary"][label]
+        assert len(row["dev.jsonl"]["accuracy"]) == 2 and "mean_difference" in row["vs_trl"]["dev.jsonl"]
+    assert {len(r["correct/dev.jsonl"]) for r in result["runs"]} == {8}
+    assert {r["optimizer_steps"] for r in result["runs"]} == {2}
