@@ -21,6 +21,7 @@ A variant is `trl`, `rmkit`, or `LABEL:KEY=VALUE[+KEY=VALUE...]`: rmkit with tho
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import shutil
 import statistics
@@ -158,7 +159,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     train_path, eval_dir = carve_split(args)
     files = ["dev.jsonl"] + (["hh_harmless_val.jsonl"] if args.final else [])
-    runs = [one_run(args, train_path, eval_dir, files, seed, variant) for seed in args.seeds for variant in args.variants]
+    runs = []
+    partial = args.output.with_suffix(".partial.jsonl")  # one line per finished run: a long study survives a kill
+    partial.parent.mkdir(parents=True, exist_ok=True)
+    partial.write_text("")
+    for seed in args.seeds:
+        for variant in args.variants:
+            runs.append(one_run(args, train_path, eval_dir, files, seed, variant))
+            with partial.open("a", encoding="utf-8") as out:
+                out.write(json.dumps(runs[-1]) + "\n")
     payload = {
         "command": "python benchmarks/quality_vs_trl.py " + " ".join(argv),
         "machine": common.machine_info(),
