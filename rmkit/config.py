@@ -258,6 +258,13 @@ class DataConfig:
     """Bad records: stop with a message naming file:line:field, or skip them (written to `rejects.jsonl`)."""
     batching: Literal["length_grouped", "random"] = "length_grouped"
     """`length_grouped`: pairs of similar length share a batch (little padding); `random`: plain shuffle."""
+    length_group_window: int = 50
+    """`length_grouped`: each epoch's shuffled pairs are sorted by length within windows of this many global
+    batches, then the batches are shuffled. Smaller windows mix lengths more (batches closer to random),
+    larger ones pad less."""
+
+    def __post_init__(self):
+        _check(self.length_group_window >= 1, "data.length_group_window", "must be >= 1")
 
 
 @dataclass

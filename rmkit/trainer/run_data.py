@@ -101,4 +101,5 @@ def make_sampler(cfg, lengths: list[int], seed: int):
         raise ConfigError("policy.train_global_batch_size",
                           f"{cfg.policy.train_global_batch_size} does not divide among {world} processes")
     return LengthGroupedBatchSampler(lengths, batch_size=cfg.policy.train_global_batch_size // world,
-                                     seed=seed, num_replicas=world, rank=dist.rank())
+                                     seed=seed, mega_batch_mult=cfg.data.length_group_window,
+                                     num_replicas=world, rank=dist.rank())

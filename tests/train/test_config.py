@@ -106,3 +106,17 @@ def test_data_split_and_allow_empty_response_reach_the_loader(tiny_decoder, tmp_
     cfg = load_config(None, [*options, "data.allow_empty_response=true"])
     data = load_run_data(cfg, tokenizer, tmp_path / "out")
     assert len(data.train) == 3 and data.val == {}
+
+
+def test_length_group_window_reaches_the_sampler_and_must_be_positive():
+    from rmkit.trainer.run_data import make_sampler
+
+    def batches(window):
+        cfg = config_from_dict({"data": {"length_group_window": window}, "policy": {"train_global_batch_size": 4, "train_micro_batch_size": 4}})
+        return make_sampler(cfg, list(range(40)), seed=3).batches()  # record i has length i
+
+    consecutive = lambda b: b == list(range(b[0], b[0] - 4, -1))  # noqa: E731
+    assert all(consecutive(b) for b in batches(50))  # one window sorts all 40 records
+    assert not all(consecutive(b) for b in batches(2))  # windows of 8 records mix lengths across windows
+    with pytest.raises(ConfigError, match="data.length_group_window"):
+        config_from_dict({"data": {"length_group_window": 0}})
