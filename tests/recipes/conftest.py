@@ -50,3 +50,12 @@ def grpo_overrides(policy: str, reward_model: str, train: Path, val: Path, out: 
             "policy.train_global_batch_size=4", "policy.train_micro_batch_size=2", "policy.generation.max_new_tokens=6",
             "policy.max_total_sequence_length=128", "policy.optimizer.lr=1e-3", "policy.num_threads=1",
             "logger.tensorboard=false", "logger.progress_bar=false"]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """One torch thread: the tiny models gain nothing from more, and the test machine is shared."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -112,7 +112,7 @@ def test_reward_for_one_token_raises_its_probability(tiny_policy):
     """Reward = how often one token's text appears in the completion (the 5th most likely first token of the
     initial policy, sampled within top-k 8): after a few steps its probability at the first generated
     position is clearly higher than under the initial weights."""
-    cfg = _cfg(tiny_policy, "policy.optimizer.lr=1e-2", "loss_fn.reference_policy_kl_penalty=0",
+    cfg = _cfg(tiny_policy, "policy.optimizer.lr=2e-3", "loss_fn.reference_policy_kl_penalty=0",
                "policy.generation.max_new_tokens=3", "policy.generation.top_k=8", "policy.scheduler.name=constant")
     model0, tokenizer = grpo.load_policy(cfg, torch.device("cpu"))
     ids = torch.tensor([_prompts(tokenizer)[0].ids])
@@ -124,6 +124,9 @@ def test_reward_for_one_token_raises_its_probability(tiny_policy):
     target = int(probs(model0).topk(5).indices[-1])
     text = tokenizer.decode([target])
     before = probs(model0)[target].item()
-    model, _, history = _run_steps(cfg, lambda tok: TokenReward(tok, text), 8)
+    model, _, history = _run_steps(cfg, lambda tok: TokenReward(tok, text), 12)
     after = probs(model)[target].item()
-    assert after > 2 * before, (text, before, after, [round(h["train/reward"], 3) for h in history])
+    rewards = [h["train/reward"] for h in history]
+    # seen: 3.1e-5 -> 1.1e-4 (3.6x) and rewards 0.06 -> ~0.8; thresholds leave room for other BLAS / torch builds
+    assert after > 2.5 * before, (text, before, after, rewards)
+    assert sum(rewards[-4:]) / 4 > 3 * sum(rewards[:2]) / 2, rewards
