@@ -28,6 +28,8 @@ class SamplingParams:
     """0 = greedy."""
     top_p: float = 1.0
     top_k: int | None = None
+    stop_strings: list[str] | None = None
+    """A completion also ends at the first of these strings (kept, with the token that completes it)."""
 
 
 @dataclass
@@ -35,13 +37,13 @@ class Completions:
     """`generate_completions`' answer, one entry per prompt, in order."""
 
     ids: list[list[int]]
-    """Generated token ids, up to and including the stop token (EOS) when one came."""
+    """Generated token ids, up to and including the stop token (EOS, or the token that completes a stop string)."""
     text: list[str]
     """The completions decoded without special tokens."""
     logprobs: list[torch.Tensor]
     """`[len(ids[i])]` float32 log-probs of each generated token, as sampled."""
     truncated: list[bool]
-    """True where `max_new_tokens` ran out before a stop token."""
+    """True where `max_new_tokens` ran out before a stop token or stop string."""
 
 
 def render_prompt(tokenizer, prompt: str | list[dict]) -> list[int]:
@@ -83,7 +85,7 @@ def generate_completions(model, tokenizer, prompts: Sequence[Sequence[int]], par
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                              max_new_tokens=params.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                              eos_token_id=tokenizer.eos_token_id, output_logits=True, return_dict_in_generate=True,
-                             **options)
+                             **options, **_stop_options(params, tokenizer))
         if generator is not None:
             generator.set_state(torch.get_rng_state())
     model.train(was_training)
@@ -91,13 +93,30 @@ def generate_completions(model, tokenizer, prompts: Sequence[Sequence[int]], par
     logits = torch.stack(out.logits, dim=1).float().cpu()  # [B, T, V]: the raw logits of each generated step
     scaled = logits if greedy else logits / params.temperature
     token_logprobs = torch.log_softmax(scaled, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
-    return _completions(new, token_logprobs, tokenizer)
+    return _completions(new, token_logprobs, tokenizer, params.stop_strings)
 
 
-def _completions(new: torch.Tensor, token_logprobs: torch.Tensor, tokenizer) -> Completions:
+def _stop_options(params: SamplingParams, tokenizer) -> dict:
+    return {"stop_strings": list(params.stop_strings), "tokenizer": tokenizer} if params.stop_strings else {}
+
+
+def _stop_string_end(row: list[int], tokenizer, stop_strings: list[str] | None) -> int | None:
+    """Index of the token that completes the first stop string of `row`, or None."""
+    if not stop_strings:
+        return None
+    for i in range(len(row)):
+        text = tokenizer.decode(row[:i + 1], skip_special_tokens=False)
+        if any(s in text for s in stop_strings):
+            return i
+    return None
+
+
+def _completions(new: torch.Tensor, token_logprobs: torch.Tensor, tokenizer, stop_strings=None) -> Completions:
     result = Completions([], [], [], [])
     for row, logprobs in zip(new.tolist(), token_logprobs):
-        stop = next((i for i, t in enumerate(row) if t == tokenizer.eos_token_id), None)
+        ends = [next((i for i, t in enumerate(row) if t == tokenizer.eos_token_id), None),
+                _stop_string_end(row, tokenizer, stop_strings)]
+        stop = min((i for i in ends if i is not None), default=None)
         kept = row if stop is None else row[:stop + 1]
         result.ids.append(kept)
         result.text.append(tokenizer.decode(kept, skip_special_tokens=True))

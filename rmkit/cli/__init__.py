@@ -18,6 +18,7 @@ SUBCOMMANDS = {
     "serve": ("rmkit.cli.serve", "HTTP scoring server for RL trainers"),
     "data": ("rmkit.cli.data", "check and inspect preference data files"),
     "parity": ("rmkit.cli.parity", "score a file through every path and report the largest reward difference"),
+    "grpo": ("rmkit.cli.grpo", "optimize a policy against a reward model with GRPO (configs/grpo_rm.yaml)"),
 }
 
 USAGE = "usage: rmkit {" + ",".join(SUBCOMMANDS) + "} ...\n\n" + "\n".join(

@@ -47,6 +47,27 @@ def plot_training_curves(history: list[dict], path: Path) -> Path | None:
     return path
 
 
+def plot_curves(history: list[dict], path: Path, panels: dict[str, list[str]]) -> Path | None:
+    """One panel per title in `panels`, each plotting the logged series of its metric names over steps."""
+    plt = pyplot()
+    if plt is None:
+        return None
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, (title, keys) in zip(axes[0], panels.items()):
+        for key in keys:
+            steps, values = _series(history, key)
+            if steps:
+                ax.plot(steps, values, marker="o" if len(steps) < 30 else None, label=key)
+        ax.set_xlabel("step")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def plot_reward_histograms(rewards: dict[str, tuple[torch.Tensor, torch.Tensor]], path: Path) -> Path | None:
     """One panel per validation set: histograms of chosen and rejected rewards."""
     plt = pyplot()

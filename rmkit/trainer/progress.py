@@ -19,6 +19,11 @@ class ProgressBar:
                               tok_s=f"{tokens_per_s:.0f}", refresh=False)
         self._bar.update(1)
 
+    def advance(self, **postfix: float) -> None:
+        """One step done, showing `postfix` (a recipe's own numbers, e.g. GRPO's reward and KL)."""
+        self._bar.set_postfix({k: f"{v:.4g}" for k, v in postfix.items()}, refresh=False)
+        self._bar.update(1)
+
     def write(self, message: str) -> None:
         self._bar.write(message, file=sys.stderr)
 

@@ -1,0 +1,344 @@
+"""The GRPO recipe, top to bottom: config -> policy (and reference) -> reward environment -> prompts -> loop ->
+export. One step, as NeMo RL's `grpo_train` does it:
+
+1. rollouts: `num_prompts_per_step` prompts (this rank's share), each sampled `num_generations_per_prompt`
+   times with `rmkit.generation` from a seeded `torch.Generator` (saved in checkpoints);
+2. rewards from `RewardModelEnvironment` over the conversations, read through the reward model's own chat
+   template;
+3. advantages per prompt group (`rmkit.losses.advantages`), groups named by prompt index;
+4. `prev_logprobs` (the policy before the update) and, with `reference_policy_kl_penalty > 0`, the
+   reference's (the initial weights: a frozen copy, or the base model with the LoRA adapters disabled);
+5. the update: `ClippedPGLossFn` over micro-batches with global-count normalization, one optimizer step per
+   `train_global_batch_size` completions (several per rollout: then the ratio and clipping matter).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from rmkit import distributed as dist
+from rmkit.config import save_config
+from rmkit.data.sampler import LengthGroupedBatchSampler
+from rmkit.errors import ConfigError
+from rmkit.generation import SamplingParams
+from rmkit.losses import reduce_metrics
+from rmkit.losses.policy_gradient import ClippedPGLossFn
+from rmkit.models.policy import ensure_policy_pad_token, load_policy_model
+from rmkit.models.reward import load_tokenizer
+from rmkit.models.setup import prepare_model, resolve_model_name
+from rmkit.recipes.grpo_config import GRPOConfig
+from rmkit.recipes.grpo_rollout import (
+    batch_logprobs,
+    build_environment,
+    compute_advantages,
+    generate_rollout,
+    load_prompt_set,
+    policy_logits,
+    score_rollout,
+    slice_rows,
+    training_batch,
+)
+from rmkit.trainer.export import export_policy
+from rmkit.trainer.optim import build_optimizer, build_scheduler, optimizer_step
+from rmkit.trainer.plots import plot_curves
+from rmkit.trainer.progress import ProgressBar
+from rmkit.trainer.resume import resolve_resume, restore_rng, restore_training_state, save_training_checkpoint
+from rmkit.trainer.run_log import RunLogger, open_logger
+from rmkit.trainer.state import TrainState, seed_everything, set_threads
+
+CURVES = {"reward": ["train/reward", "validation/reward_mean"], "KL to the reference": ["train/kl_penalty"],
+          "generated tokens": ["train/mean_gen_tokens_per_sample", "validation/mean_gen_tokens_per_sample"]}
+
+
+@dataclass
+class GRPOResult:
+    """What a finished run produced."""
+
+    final_dir: Path
+    log_dir: Path
+    steps: int
+    val_metrics: dict[str, float] = field(default_factory=dict)
+    plots: list[Path] = field(default_factory=list)
+
+
+def load_policy(cfg: GRPOConfig, device: torch.device):
+    """`(model, tokenizer)`: the policy with `policy.*` applied (dropout off, freezing, LoRA)."""
+    policy = cfg.policy
+    model, tokenizer = load_policy_model(resolve_model_name(policy.model_name),
+                                         chat_template=policy.tokenizer.chat_template)
+    if policy.tokenizer.name is not None:
+        tokenizer = load_tokenizer(resolve_model_name(policy.tokenizer.name), policy.tokenizer.chat_template)
+        ensure_policy_pad_token(model, tokenizer)
+    model = prepare_model(model, policy).to(device)
+    model.train()
+    return model, tokenizer
+
+
+def reference_policy(cfg: GRPOConfig, model):
+    """A context manager factory giving the reference policy (the initial weights), or None when the loss has
+    no KL term. LoRA: the same model with its adapters disabled (no second copy); else a frozen deep copy,
+    taken before any checkpoint is restored."""
+    if cfg.loss_fn.reference_policy_kl_penalty == 0:
+        return None
+    if cfg.policy.lora.enabled:
+        return lambda: model.disable_adapter()
+    frozen = copy.deepcopy(model).eval().requires_grad_(False)
+    return lambda: contextlib.nullcontext(frozen)
+
+
+def check_layout(cfg: GRPOConfig, world: int) -> None:
+    """Every rank gets whole prompt groups and whole micro-batches."""
+    p, g, m = cfg.grpo.num_prompts_per_step, cfg.policy.train_global_batch_size, cfg.policy.train_micro_batch_size
+    if p % world:
+        raise ConfigError("grpo.num_prompts_per_step", f"{p} prompts do not divide among {world} processes")
+    if g % (world * m):
+        raise ConfigError("policy.train_global_batch_size", f"{g} is not a multiple of {world} processes x "
+                          f"train_micro_batch_size {m}")
+
+
+def train(cfg: GRPOConfig) -> GRPOResult:
+    """Optimize the policy against the reward model as `cfg` says; the policy goes to `<checkpoint_dir>/final/`."""
+    # --- setup: threads, seeds, output folders, the resolved config
+    set_threads(cfg.policy.num_threads)
+    seed_everything(cfg.grpo.seed)
+    info = dist.init_distributed()
+    device, world = info.device, dist.world_size()
+    check_layout(cfg, world)
+    out_dir = Path(cfg.checkpointing.checkpoint_dir)
+    log_dir = Path(cfg.logger.log_dir) if cfg.logger.log_dir else out_dir / "logs"
+    if dist.is_main():
+        save_config(cfg, out_dir / "config.yaml")
+
+    # --- policy, reference, reward environment, prompts
+    model, tokenizer = load_policy(cfg, device)
+    reference = reference_policy(cfg, model)
+    trained = dist.wrap_data_parallel(model, info)  # DDP sums gradients over ranks (rmkit.distributed)
+    env = build_environment(cfg)
+    train_prompts = load_prompt_set(cfg.data.train_data_path, cfg, tokenizer, out_dir / "rejects-train.jsonl", "train")
+    val_prompts = [p for name, path in cfg.data.val_data_paths.items()
+                   for p in load_prompt_set(path, cfg, tokenizer, out_dir / f"rejects-{name}.jsonl", f"validation-{name}")]
+    if len(train_prompts) < cfg.grpo.num_prompts_per_step:
+        raise ConfigError("grpo.num_prompts_per_step", f"{cfg.grpo.num_prompts_per_step} is more than the "
+                          f"{len(train_prompts)} training prompts")
+    sampler = LengthGroupedBatchSampler([0] * len(train_prompts), cfg.grpo.num_prompts_per_step // world,
+                                        seed=cfg.grpo.seed, drop_last=True, num_replicas=world, rank=dist.rank())
+    generator = torch.Generator().manual_seed(cfg.grpo.seed * 1000 + dist.rank())
+    params = SamplingParams(**vars(cfg.policy.generation))
+
+    # --- optimizer, schedule, loss, state
+    rollout_size = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
+    updates_per_step = rollout_size // cfg.policy.train_global_batch_size
+    steps = min(cfg.grpo.max_num_steps, cfg.grpo.max_num_epochs * len(sampler))
+    optimizer = build_optimizer(model, cfg.policy.optimizer)
+    scheduler = build_scheduler(optimizer, cfg.policy.scheduler, steps * updates_per_step)
+    state = TrainState(model, optimizer, scheduler, sampler)
+    loss_fn = ClippedPGLossFn(cfg.loss_fn.as_dict())
+
+    # --- resume: weights, optimizer, schedule, prompt order, sampling generator, RNG, step
+    resume_from = resolve_resume(out_dir, cfg.checkpointing.resume)
+    saved = restore_training_state(resume_from, state, device) if resume_from else {}
+    if resume_from:
+        generators = saved["generators"]
+        generator.set_state(generators[dist.rank()] if len(generators) == world else generators[0])
+    logger = open_logger(cfg, log_dir, state.step if resume_from else None, state.step >= steps)
+    if dist.is_main():
+        if resume_from:
+            print(f"rmkit: resuming from {resume_from} (step {state.step})", file=sys.stderr)
+        print(f"rmkit: GRPO on {cfg.policy.model_name} ({sum(p.numel() for p in model.parameters() if p.requires_grad):,}"
+              f" trainable parameters) for {steps} steps of {cfg.grpo.num_prompts_per_step} prompts x "
+              f"{cfg.grpo.num_generations_per_prompt} on {device} with {torch.get_num_threads()} threads", file=sys.stderr)
+    val_metrics = saved.get("val_metrics", {})
+    if cfg.grpo.val_at_start and not resume_from:
+        val_metrics = run_validation(cfg, model, tokenizer, env, val_prompts, params, logger, log_dir, 0)
+
+    # --- the loop
+    if resume_from:
+        restore_rng(saved)
+    bar = ProgressBar(steps, cfg.logger.progress_bar and dist.is_main(), initial=state.step)
+    while state.step < steps and state.epoch < cfg.grpo.max_num_epochs:
+        sampler.set_epoch(state.epoch)
+        for indices in sampler:
+            step_start = time.perf_counter()
+            prompts = [train_prompts[i] for i in indices]
+            metrics = grpo_step(cfg, model, trained, tokenizer, env, reference, loss_fn, optimizer, scheduler,
+                                prompts, params, generator, state.step)
+            state.step += 1
+            metrics["timing/train/total_step_time"] = time.perf_counter() - step_start
+            bar.advance(reward=metrics["train/reward"], kl=metrics["train/kl_penalty"],
+                        gen_tokens=metrics["train/mean_gen_tokens_per_sample"])
+            last = state.step == steps
+            if state.step % cfg.grpo.log_period == 0 or last:
+                logger.log(metrics, state.step)
+            if cfg.grpo.val_period and state.step % cfg.grpo.val_period == 0 and not last:
+                val_metrics = run_validation(cfg, model, tokenizer, env, val_prompts, params, logger, log_dir, state.step)
+            ckpt = cfg.checkpointing
+            if ckpt.enabled and ckpt.save_period and state.step % ckpt.save_period == 0 and not last:
+                save_checkpoint(cfg, state, val_metrics, generator, tokenizer)
+            if last:
+                break
+        state.epoch += 1
+    bar.close()
+    if cfg.grpo.val_at_end or not val_metrics:
+        val_metrics = run_validation(cfg, model, tokenizer, env, val_prompts, params, logger, log_dir, state.step)
+    if cfg.checkpointing.enabled:
+        save_checkpoint(cfg, state, val_metrics, generator, tokenizer)
+    logger.close()
+    env.shutdown()
+
+    # --- export and plots (rank 0)
+    final_dir = out_dir / "final"
+    plots = []
+    if dist.is_main():
+        export_policy(model, tokenizer, final_dir, cfg)
+        if cfg.logger.plots:
+            plots = [p for p in [plot_curves(logger.history, log_dir / "grpo_curves.png", CURVES)] if p]
+    dist.destroy()
+    return GRPOResult(final_dir, log_dir, state.step, val_metrics, plots)
+
+
+def grpo_step(cfg, model, trained, tokenizer, env, reference, loss_fn, optimizer, scheduler, prompts, params,
+              generator, step) -> dict[str, float]:
+    """One rollout and its updates; returns the step's metrics (NeMo RL's names). A prompt's group index is its
+    position in the step's global prompt batch."""
+    timing, policy = {}, cfg.policy
+    t0 = time.perf_counter()
+    rollout = generate_rollout(model, tokenizer, prompts, dist.rank() * len(prompts), cfg.grpo.num_generations_per_prompt, params,
+                               policy.generation_batch_size, generator)
+    timing["generation"], t0 = time.perf_counter() - t0, time.perf_counter()
+    rewards = score_rollout(env, rollout, step)
+    timing["reward_calculation"], t0 = time.perf_counter() - t0, time.perf_counter()
+    batch = training_batch(rollout, tokenizer.pad_token_id)
+    batch["prev_logprobs"] = batch_logprobs(model, batch, policy.train_micro_batch_size,
+                                            params.temperature, policy.precision)
+    if reference is not None:
+        with reference() as ref_model:
+            batch["reference_policy_logprobs"] = batch_logprobs(model if ref_model is None else ref_model, batch, policy.train_micro_batch_size,
+                                                                params.temperature, policy.precision)
+    timing["policy_and_reference_logprobs"], t0 = time.perf_counter() - t0, time.perf_counter()
+    batch["advantages"] = compute_advantages(cfg, rewards, rollout.group_index, batch)
+    batch["rewards"] = rewards
+    train_metrics = update_policy(cfg, model, trained, batch, loss_fn, optimizer, scheduler, params.temperature)
+    timing["policy_training"] = time.perf_counter() - t0
+    metrics = {**rollout_metrics(rollout, rewards, batch, timing["generation"]), **train_metrics}
+    return {**metrics, **{f"timing/train/{k}": v for k, v in timing.items()}}
+
+
+def update_policy(cfg, model, trained, batch, loss_fn, optimizer, scheduler, temperature) -> dict[str, float]:
+    """Optimizer steps over the rollout, `train_global_batch_size` completions each (this rank: its share),
+    split into micro-batches whose losses are divided by the global counts; loss metrics averaged over the
+    optimizer steps (min / max reduced)."""
+    policy, device, world = cfg.policy, next(model.parameters()).device, dist.world_size()
+    per_rank, micro = policy.train_global_batch_size // world, policy.train_micro_batch_size
+    steps = []
+    for start in range(0, len(batch["input_ids"]), per_rank):
+        rows = slice_rows(batch, start, start + per_rank)
+        sample_mask = rows["sample_mask"]
+        counts = torch.stack([sample_mask.sum(), (rows["token_mask"][:, 1:] * sample_mask[:, None]).sum()])
+        gvs, gvt = dist.all_reduce_sum(counts.to(device)).unbind()
+        mb_metrics = []
+        for m in range(0, per_rank, micro):
+            mb = slice_rows(rows, m, m + micro, device)
+            with dist.sync_gradients(trained, m + micro >= per_rank):
+                logits = policy_logits(trained, mb, temperature, policy.precision)
+                loss, metrics = loss_fn(logits, mb, gvs, gvt)
+                loss.backward()
+            metrics["clipped_fraction"] = clipped_fraction(cfg, logits.detach(), mb, gvt)
+            mb_metrics.append(metrics)
+        metrics = reduce_metrics(mb_metrics)
+        metrics["lr"] = scheduler.get_last_lr()[0]
+        metrics["grad_norm"] = optimizer_step(model, optimizer, scheduler, policy.max_grad_norm)
+        steps.append(metrics)
+    return _mean_over_updates(steps)
+
+
+@torch.no_grad()
+def clipped_fraction(cfg, logits, mb, gvt) -> torch.Tensor:
+    """The share of the global batch's tokens whose ratio exp(curr - prev) fell outside the clip range."""
+    from rmkit.losses.logprobs import next_token_logprobs
+
+    if cfg.loss_fn.disable_ppo_ratio:
+        return torch.zeros((), device=logits.device)
+    ratio = torch.exp(next_token_logprobs(logits, mb["input_ids"]) - mb["prev_logprobs"][:, 1:])
+    out = (ratio < 1 - cfg.loss_fn.ratio_clip_min) | (ratio > 1 + cfg.loss_fn.ratio_clip_max)
+    mask = mb["token_mask"][:, 1:] * mb["sample_mask"][:, None]
+    return (out.float() * mask).sum() / gvt.clamp(min=1)
+
+
+def _mean_over_updates(steps: list[dict]) -> dict[str, float]:
+    out = {}
+    for key in steps[0]:
+        values = torch.stack([torch.as_tensor(s[key], dtype=torch.float64).cpu() for s in steps])
+        if key.endswith(("_min", "_max")):  # the reduction over ranks too
+            value = dist.all_reduce(values.amin() if key.endswith("_min") else values.amax(), key[-3:])
+        elif key in ("lr", "grad_norm"):
+            value = values.mean()
+        else:  # each rank holds its part of the globally normalized value
+            value = dist.all_reduce_sum(values.mean())
+        out[f"train/{key}"] = float(value)
+    return out
+
+
+def rollout_metrics(rollout, rewards: torch.Tensor, batch: dict, generation_s: float) -> dict[str, float]:
+    """Reward, group spread, advantages, lengths and truncation over all ranks' completions."""
+    rewards_all = dist.all_gather_cat(rewards)
+    groups = dist.all_gather_cat(rollout.group_index)
+    lengths = dist.all_gather_cat(torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32))
+    truncated = dist.all_gather_cat(rollout.truncated.float())
+    adv = batch["advantages"]
+    adv_tokens = (adv[:, None].expand_as(batch["token_mask"]) if adv.dim() == 1 else adv)[batch["token_mask"] > 0]
+    spread = [rewards_all[groups == g].std(unbiased=False) for g in groups.unique()]
+    return {
+        "train/reward": rewards_all.mean().item(),
+        "train/reward_std": rewards_all.std().item() if len(rewards_all) > 1 else 0.0,
+        "train/fraction_of_groups_with_zero_std": sum(float(s == 0) for s in spread) / len(spread),
+        "train/advantages/mean": adv_tokens.mean().item() if adv_tokens.numel() else 0.0,
+        "train/advantages/max": adv_tokens.max().item() if adv_tokens.numel() else 0.0,
+        "train/advantages/min": adv_tokens.min().item() if adv_tokens.numel() else 0.0,
+        "train/mean_gen_tokens_per_sample": lengths.mean().item(),
+        "train/truncation_rate": truncated.mean().item(),
+        "train/generated_tokens_per_s": lengths.sum().item() / max(generation_s, 1e-9),
+    }
+
+
+def run_validation(cfg, model, tokenizer, env, prompts, params, logger: RunLogger, log_dir: Path, step: int) -> dict:
+    """One completion per held-out prompt (the first `max_val_samples`, this rank's share), sampled from a
+    generator seeded the same way each time; logs `validation/reward_mean` (and std, length) and writes the
+    generations (prompt, completion, reward) to `<log_dir>/generations/step_<N>.jsonl`."""
+    if not prompts:  # no data.val_data_paths
+        return {}
+    prompts = dist.shard(prompts[:cfg.grpo.max_val_samples])
+    generator = torch.Generator().manual_seed(cfg.grpo.seed + 7919 * (dist.rank() + 1))
+    rollout = generate_rollout(model, tokenizer, prompts, 0, 1, params, cfg.grpo.val_batch_size, generator)
+    rewards = score_rollout(env, rollout, step - 1)
+    samples = [{"source": p.source, "prompt": p.prompt, "completion": t, "reward": r, "truncated": bool(c)}
+               for p, t, r, c in zip(rollout.prompts, rollout.text, rewards.tolist(), rollout.truncated)]
+    samples = [s for part in dist.all_gather_object(samples) for s in part]
+    rewards_all = torch.tensor([s["reward"] for s in samples])
+    lengths = dist.all_gather_cat(torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32))
+    metrics = {"validation/reward_mean": rewards_all.mean().item(),
+               "validation/reward_std": rewards_all.std().item() if len(samples) > 1 else 0.0,
+               "validation/mean_gen_tokens_per_sample": lengths.mean().item(),
+               "validation/num_samples": float(len(samples))}
+    logger.log(metrics, step)
+    if dist.is_main():
+        path = log_dir / "generations" / f"step_{step}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples), encoding="utf-8")
+        print(f"rmkit: step {step}: validation/reward_mean {metrics['validation/reward_mean']:.4f} "
+              f"(std {metrics['validation/reward_std']:.4f}, {metrics['validation/mean_gen_tokens_per_sample']:.1f} "
+              f"tokens) -> {path}", file=sys.stderr)
+    return metrics
+
+
+def save_checkpoint(cfg, state, val_metrics: dict, generator: torch.Generator, tokenizer) -> None:
+    """`save_training_checkpoint` with every rank's sampling generator (resume reproduces the rollouts)."""
+    generators = dist.all_gather_object(generator.get_state())
+    save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics, "generators": generators}, tokenizer)

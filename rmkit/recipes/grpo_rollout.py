@@ -1,0 +1,207 @@
+"""GRPO's rollout pieces: prompts ready to sample, completions laid out as training tensors, rewards from the
+environment, advantages per prompt group, and per-token log-probs of a batch.
+
+Tensors follow docs/design.md: right-padded rows `[B, S]` of prompt + completion; per-token tensors
+(`generation_logprobs`, `prev_logprobs`, `reference_policy_logprobs`) aligned with `input_ids` (position t
+holds log p(input_ids[t] | input_ids[:t]), 0 at the prompt); `token_mask` 1 on generated tokens only;
+`sample_mask` `[B]`.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rmkit import distributed as dist
+from rmkit.data import write_rejects
+from rmkit.data.prompts import load_prompts
+from rmkit.data.tokenize import as_messages
+from rmkit.errors import ConfigError, DataError
+from rmkit.generation import SamplingParams, generate_completions, render_prompt
+from rmkit.losses.advantages import clip_advantages, grpo_group_advantages, reinforce_plus_plus_advantages
+from rmkit.losses.logprobs import next_token_logprobs
+from rmkit.models.setup import autocast, resolve_model_name
+from rmkit.trainer.run_data import resolve_data_path
+
+
+class RolloutFailed(RuntimeError):
+    """A rollout could not be scored (the reward server failed, or a reward was NaN); nothing was applied."""
+
+
+@dataclass
+class PromptItem:
+    """A prompt, where it came from, and its token ids rendered with the policy's chat template."""
+
+    source: str
+    prompt: str | list[dict]
+    ids: list[int]
+
+
+def load_prompt_set(path: str, cfg, tokenizer, rejects: Path, label: str) -> list[PromptItem]:
+    """The prompts of `path` rendered for the policy; prompts that leave no room for `max_new_tokens` within
+    `policy.max_total_sequence_length` are skipped (listed in `rejects`), as are bad records under
+    `data.on_error: skip`."""
+    data, budget = cfg.data, cfg.policy.max_total_sequence_length - cfg.policy.generation.max_new_tokens
+    loaded = load_prompts(resolve_data_path(path), data.format if data.format != "regression" else "prompts",
+                          prompt_key=data.prompt_key, chosen_key=data.chosen_key, rejected_key=data.rejected_key,
+                          on_error=data.on_error, split=data.split)
+    items, skipped = [], list(loaded.skipped)
+    for prompt in loaded.records:
+        ids = render_prompt(tokenizer, prompt.prompt)
+        if len(ids) > budget:
+            skipped.append((prompt.source, f"the prompt has {len(ids)} tokens; with policy.generation.max_new_tokens "
+                                           f"it exceeds policy.max_total_sequence_length"))
+        else:
+            items.append(PromptItem(prompt.source, prompt.prompt, ids))
+    if dist.is_main():
+        if skipped:
+            write_rejects(rejects, skipped)
+        print(f"rmkit: {label}: {len(items)} prompts from {path}"
+              + (f" ({len(skipped)} skipped -> {rejects})" if skipped else ""), file=sys.stderr)
+    if not items:
+        raise DataError(path, None, None, f"no usable prompts ({len(skipped)} skipped, see {rejects})"
+                        if skipped else "no prompts")
+    return items
+
+
+def build_environment(cfg):
+    """`RewardModelEnvironment` from `env.reward_model`: in process (`model_name`) or a server (`url`)."""
+    from rmkit.env import RewardModelEnvironment
+
+    rm = cfg.env.reward_model
+    if rm.url is not None:
+        return RewardModelEnvironment({"url": rm.url, "api_key": rm.api_key, "batch_size": rm.batch_size,
+                                       "max_retries": rm.max_retries, "timeout": rm.timeout})
+    if rm.model_name is None:
+        raise ConfigError("env.reward_model.model_name", "set model_name (a reward-model directory, e.g. the "
+                          "final/ of rmkit train) or url (a running rmkit serve)")
+    path = resolve_model_name(rm.model_name)
+    if not Path(path).is_dir():
+        raise ConfigError("env.reward_model.model_name", f"no such directory: {path} (train one with "
+                          "`rmkit train --config configs/rm.yaml`, or set env.reward_model.url)")
+    return RewardModelEnvironment({"model_name": path, "dtype": rm.precision, "max_batch_size": rm.batch_size,
+                                   "normalize": rm.normalize})
+
+
+@dataclass
+class Rollout:
+    """One step's completions on this rank: `G` consecutive rows per prompt."""
+
+    prompts: list[PromptItem]
+    """One per row (a prompt repeated G times)."""
+    group_index: torch.Tensor
+    """`[N]` the prompt's position in this step's global prompt batch."""
+    completion_ids: list[list[int]]
+    text: list[str]
+    logprobs: list[torch.Tensor]
+    truncated: torch.Tensor
+    """`[N]` bool: `max_new_tokens` ran out."""
+
+
+def generate_rollout(model, tokenizer, prompts: list[PromptItem], first_index: int, group_size: int,
+                     params: SamplingParams, batch_size: int, generator: torch.Generator) -> Rollout:
+    """Sample every prompt `group_size` times, `batch_size` completions per `generate` call."""
+    rows = [p for p in prompts for _ in range(group_size)]
+    groups = torch.arange(first_index, first_index + len(prompts)).repeat_interleave(group_size)
+    ids, text, logprobs, truncated = [], [], [], []
+    for start in range(0, len(rows), batch_size):
+        chunk = [p.ids for p in rows[start:start + batch_size]]
+        out = generate_completions(model, tokenizer, chunk, params, generator)
+        ids += out.ids
+        text += out.text
+        logprobs += out.logprobs
+        truncated += out.truncated
+    return Rollout(rows, groups, ids, text, logprobs, torch.tensor(truncated, dtype=torch.bool))
+
+
+def training_batch(rollout: Rollout, pad_id: int) -> dict[str, torch.Tensor]:
+    """The rollout as right-padded `[N, S]` tensors (module docstring)."""
+    lengths = [len(p.ids) + len(c) for p, c in zip(rollout.prompts, rollout.completion_ids)]
+    n, width = len(lengths), max(lengths)
+    batch = {"input_ids": torch.full((n, width), pad_id, dtype=torch.long),
+             "attention_mask": torch.zeros((n, width), dtype=torch.long),
+             "token_mask": torch.zeros((n, width), dtype=torch.float32),
+             "generation_logprobs": torch.zeros((n, width), dtype=torch.float32),
+             "sample_mask": torch.ones(n, dtype=torch.float32)}
+    for row, (prompt, completion, logprobs) in enumerate(zip(rollout.prompts, rollout.completion_ids, rollout.logprobs)):
+        p, length = len(prompt.ids), lengths[row]
+        batch["input_ids"][row, :length] = torch.tensor(prompt.ids + completion, dtype=torch.long)
+        batch["attention_mask"][row, :length] = 1
+        batch["token_mask"][row, p:length] = 1
+        batch["generation_logprobs"][row, p:length] = logprobs
+    return batch
+
+
+def score_rollout(env, rollout: Rollout, step: int) -> torch.Tensor:
+    """Rewards `[N]` of the conversations prompt + completion, through the reward model's own chat template.
+    A server that stays down, or a NaN reward, raises `RolloutFailed` naming the cause (or the prompt)."""
+    from rmkit.serve.client import RewardServerError
+
+    logs = [as_messages(p.prompt, "user") + [{"role": "assistant", "content": t}]
+            for p, t in zip(rollout.prompts, rollout.text)]
+    try:
+        rewards = env.step(logs, None).rewards.float()
+    except RewardServerError as err:
+        raise RolloutFailed(f"the reward server failed at step {step + 1} ({err}); no update was applied. Check "
+                            "that `rmkit serve` is up, then continue from the last checkpoint with --resume") from None
+    bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()
+    if bad:
+        prompt = rollout.prompts[bad[0]]
+        raise RolloutFailed(f"the reward model returned {rewards[bad[0]].item()} for a completion of the prompt at "
+                            f"{prompt.source} ({_snippet(prompt.prompt)!r}) at step {step + 1}; no update was "
+                            "applied. Check the reward model (env.reward_model) on this prompt")
+    return rewards
+
+
+def _snippet(prompt: str | list[dict], limit: int = 80) -> str:
+    text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def compute_advantages(cfg, rewards: torch.Tensor, group_index: torch.Tensor, batch: dict) -> torch.Tensor:
+    """Advantages per row `[N]` (GRPO) or per token `[N, S]` (Reinforce++), clipped per `grpo.advantage_clip_*`."""
+    grpo, estimator = cfg.grpo, cfg.grpo.adv_estimator
+    if estimator.name == "grpo":
+        adv = grpo_group_advantages(rewards, group_index, use_leave_one_out_baseline=grpo.use_leave_one_out_baseline,
+                                    normalize_rewards=grpo.normalize_rewards)
+    else:
+        loss = cfg.loss_fn
+        mask = batch["token_mask"] * batch["sample_mask"][:, None]
+        adv = reinforce_plus_plus_advantages(
+            rewards, mask, group_index, minus_baseline=estimator.minus_baseline,
+            use_kl_in_reward=loss.use_kl_in_reward, reference_policy_kl_penalty=loss.reference_policy_kl_penalty,
+            reference_policy_kl_type=loss.reference_policy_kl_type, logprobs=batch.get("prev_logprobs"),
+            reference_logprobs=batch.get("reference_policy_logprobs"))
+    return clip_advantages(adv, grpo.advantage_clip_low, grpo.advantage_clip_high)
+
+
+def policy_logits(model, batch: dict, temperature: float, precision: str) -> torch.Tensor:
+    """`[B, S, V]` logits of the rows divided by the sampling temperature: the distribution the rollouts were
+    drawn from, so training log-probs compare with the generation log-probs."""
+    device = batch["input_ids"].device
+    with autocast(precision, device):
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    return logits / temperature if temperature != 1.0 else logits
+
+
+@torch.no_grad()
+def batch_logprobs(model, batch: dict, micro_batch_size: int, temperature: float, precision: str) -> torch.Tensor:
+    """`[N, S]` log-probs of every row's tokens under `model`, aligned with input_ids (0 at position 0)."""
+    out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
+    device = next(model.parameters()).device
+    for start in range(0, len(out), micro_batch_size):
+        micro = slice_rows(batch, start, start + micro_batch_size, device)
+        logits = policy_logits(model, micro, temperature, precision)
+        out[start:start + micro_batch_size, 1:micro["input_ids"].shape[1]] = next_token_logprobs(
+            logits, micro["input_ids"]).float().cpu()
+    return out
+
+
+def slice_rows(batch: dict, start: int, stop: int, device: torch.device | None = None) -> dict:
+    """Rows `start:stop` of every tensor, cut to the rows' longest real length (less padding)."""
+    width = int(batch["attention_mask"][start:stop].sum(1).max())
+    return {k: (v[start:stop, :width] if v.dim() == 2 else v[start:stop]).to(device or v.device)
+            for k, v in batch.items()}
