@@ -21,6 +21,9 @@ from rmkit.generation import SamplingParams, generate_completions
 from rmkit.losses.protocol import reduce_metrics
 from rmkit.recipes.dpo_logprobs import RefLogprobs, reference_tensor
 
+# A one-token pair standing in for a rank's empty share of a global batch (its rows have sample_mask 0).
+PLACEHOLDER = PolicyPair([0], [0], [0], "placeholder")
+
 
 def _global_counts(pairs: Sequence[PolicyPair]) -> tuple[torch.Tensor, torch.Tensor]:
     """`(global_valid_seqs, global_valid_toks)` of a global batch whose local slice is `pairs`."""
@@ -50,12 +53,16 @@ def dpo_step(forward: torch.nn.Module, loss_fn, pairs: Sequence[PolicyPair], ref
     model; the caller steps the optimizer). `forward` is a `PairLogits`, or DDP around one."""
     global_seqs, global_toks = _global_counts(pairs)
     batches = list(_micro_batches(pairs, refs, micro_size))
+    if not batches:  # this rank's share of a short last batch is empty: it still joins the gradient all-reduce
+        batches = [([PLACEHOLDER], [(torch.zeros(1), torch.zeros(1))])]
     metrics_list = []
     for k, (batch, batch_refs) in enumerate(batches):
         # DDP reduces gradients in the last micro-batch's backward only; the others accumulate locally.
         with dist.sync_gradients(forward, k == len(batches) - 1):
             logits, data = forward(batch)
             data["reference_policy_logprobs"] = reference_tensor(batch_refs, batch, data)
+            if batch[0] is PLACEHOLDER:
+                data["sample_mask"] = torch.zeros_like(data["sample_mask"])  # counts for nothing
             loss, metrics = loss_fn(logits, data, global_seqs, global_toks)
             loss.backward()
         metrics_list.append(metrics)
