@@ -350,13 +350,6 @@ class Config:
     checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
-    def __post_init__(self):
-        if self.policy.dtensor_cfg.enabled:
-            _check(not self.checkpointing.enabled, "checkpointing.enabled",
-                   "sharded checkpoints (policy.dtensor_cfg.enabled): not implemented yet; set checkpointing.enabled=false")
-            _check(self.checkpointing.resume is None, "checkpointing.resume",
-                   "resuming a sharded run (policy.dtensor_cfg.enabled): not implemented yet")
-
 
 def _check(ok: bool, key: str, message: str) -> None:
     if not ok:
