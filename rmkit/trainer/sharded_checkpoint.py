@@ -68,7 +68,7 @@ def _load_shards(path: Path, model: torch.nn.Module, optimizer: torch.optim.Opti
     # This run's state dicts say which slice each rank holds; DCP fills them in place from the saved shards.
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=str(path))
+    dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_distributed())  # one process: no group needed
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
