@@ -147,7 +147,9 @@ class LoraConfig:
 class DTensorConfig:
     """`policy.dtensor_cfg.*` (NeMo RL's key): FSDP2 sharding (`torch.distributed.fsdp.fully_shard`) of
     parameters, gradients and optimizer state over the torchrun processes, instead of DDP's full copy
-    on each. A single process (no torchrun) trains unsharded."""
+    on each. A single process (no torchrun, or `torchrun --nproc-per-node 1`) trains unsharded and writes
+    full checkpoints; sharded runs write sharded ones (`rmkit.trainer.sharded_checkpoint`), and either
+    resumes under any number of processes."""
 
     enabled: bool = False
     """Shard each transformer block, the input embeddings and then the whole model with FSDP2."""
