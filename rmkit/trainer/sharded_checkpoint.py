@@ -14,6 +14,7 @@ its shards.
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -38,7 +39,7 @@ def save_sharded_checkpoint(checkpoint_dir: str | Path, step: int, *, model: tor
     rng_states, config, metrics)."""
     tmp = dist.broadcast_object(str(start_checkpoint(checkpoint_dir, step)) if dist.is_main() else None)
     model_state, optim_state = get_state_dict(model, optimizer)
-    dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=tmp)
+    _dcp(dcp.save, {"model": model_state, "optimizer": optim_state}, tmp)
     dist.barrier()  # every rank's shards are on disk before rank 0 hashes them and renames the directory
     if not dist.is_main():
         return None
@@ -68,8 +69,16 @@ def _load_shards(path: Path, model: torch.nn.Module, optimizer: torch.optim.Opti
     # This run's state dicts say which slice each rank holds; DCP fills them in place from the saved shards.
     model_state, optim_state = get_state_dict(model, optimizer)
     state = {"model": model_state, "optimizer": optim_state}
-    dcp.load(state, checkpoint_id=str(path), no_dist=not dist.is_distributed())  # one process: no group needed
+    _dcp(dcp.load, state, path)
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def _dcp(function, state: dict, path: str | Path) -> None:
+    """`dcp.save` or `dcp.load` of `state` at `path`. A single process (a sharded checkpoint resumed
+    unsharded) has no process group on purpose: DCP's warning about it is silenced."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+        function(state, checkpoint_id=str(path))
 
 
 def _load_full(path: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
