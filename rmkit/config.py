@@ -147,7 +147,9 @@ class LoraConfig:
 class DTensorConfig:
     """`policy.dtensor_cfg.*` (NeMo RL's key): FSDP2 sharding (`torch.distributed.fsdp.fully_shard`) of
     parameters, gradients and optimizer state over the torchrun processes, instead of DDP's full copy
-    on each. A single process (no torchrun) trains unsharded."""
+    on each. A single process (no torchrun, or `torchrun --nproc-per-node 1`) trains unsharded and writes
+    full checkpoints; sharded runs write sharded ones (`rmkit.trainer.sharded_checkpoint`), and either
+    resumes under any number of processes."""
 
     enabled: bool = False
     """Shard each transformer block, the input embeddings and then the whole model with FSDP2."""
@@ -356,13 +358,6 @@ class Config:
     data: DataConfig = field(default_factory=DataConfig)
     checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
-
-    def __post_init__(self):
-        if self.policy.dtensor_cfg.enabled:
-            _check(not self.checkpointing.enabled, "checkpointing.enabled",
-                   "sharded checkpoints (policy.dtensor_cfg.enabled): not implemented yet; set checkpointing.enabled=false")
-            _check(self.checkpointing.resume is None, "checkpointing.resume",
-                   "resuming a sharded run (policy.dtensor_cfg.enabled): not implemented yet")
 
 
 def _check(ok: bool, key: str, message: str) -> None:

@@ -11,7 +11,13 @@ Layout of `<checkpoint_dir>/step_<N>/`:
     trainer_state.pt     step, epoch, sampler state, per-rank RNG states, loop extras
     config.yaml          the resolved rmkit config of the run
     metrics.json         the metrics logged at this step (validation included); top-k reads it
-    manifest.json        format, step, and the sha256 and size of every file above; written last
+    manifest.json        format, step, layout, world size, and the sha256 and size of every file above;
+                         written last
+
+That is the "full" layout. A model sharded by FSDP2 writes the "sharded" layout instead
+(`rmkit.trainer.sharded_checkpoint`): model.safetensors, optimizer.pt, config.json and the tokenizer give
+way to torch.distributed.checkpoint's `.metadata` and one `__<rank>_0.distcp` per rank; the rest is the
+same, written by the same functions (`start_checkpoint`, then `finish_checkpoint`).
 
 A checkpoint is built in a hidden temporary directory beside its final place, every file and the
 directory are fsynced, and only then is it renamed to `step_<N>` (a rename within one directory is
@@ -155,17 +161,41 @@ def save_checkpoint(
         metrics: the metrics at this step; `keep_top_k` ranks checkpoints by one of them.
         tokenizer: saved with `save_pretrained` when given.
     """
+    tmp = start_checkpoint(checkpoint_dir, step)
+    try:
+        _write_weights(tmp, model, optimizer)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return finish_checkpoint(tmp, step, scheduler=scheduler, trainer_state=trainer_state, rng_states=rng_states,
+                             config=config, metrics=metrics, tokenizer=tokenizer)
+
+
+def start_checkpoint(checkpoint_dir: str | Path, step: int) -> Path:
+    """A new hidden temporary directory beside the future `step_<step>` (rank 0); the weights go into it,
+    then `finish_checkpoint` completes it. Leftovers of a process killed mid-write are removed first."""
     parent = Path(checkpoint_dir)
     parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_temporaries(parent)
-    final = parent / f"step_{step}"
     tmp = parent / f"{TMP_PREFIX}{step}-{os.getpid()}-{time.monotonic_ns()}"
     tmp.mkdir()
+    return tmp
+
+
+def finish_checkpoint(tmp: Path, step: int, *, scheduler=None, trainer_state: dict | None = None,
+                      rng_states: list[dict] | None = None, config=None, metrics: dict | None = None,
+                      tokenizer=None, layout: str = "full", world_size: int = 1) -> Path:
+    """Write the loop's files and the manifest into `tmp` (which already holds the weights), fsync, and
+    rename it to `step_<step>` (rank 0). `layout` ("full": model.safetensors and optimizer.pt; "sharded":
+    `rmkit.trainer.sharded_checkpoint`) and the `world_size` that wrote it go into the manifest.
+    Arguments as in `save_checkpoint`; on any failure `tmp` is removed."""
     try:
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-        _write_contents(tmp, step, model, optimizer, scheduler, trainer_state, rng_states, config, metrics)
+        _write_loop_state(tmp, step, scheduler, trainer_state, rng_states, config, metrics)
+        _write_manifest(tmp, step, layout, world_size)
         _fsync_path(tmp)
+        final = tmp.parent / f"step_{step}"
         _move_into_place(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -173,13 +203,16 @@ def save_checkpoint(
     return final
 
 
-def _write_contents(tmp, step, model, optimizer, scheduler, trainer_state, rng_states, config, metrics):
+def _write_weights(tmp: Path, model: torch.nn.Module, optimizer) -> None:
     bare = unwrap_model(model)
     save_model(bare, str(tmp / "model.safetensors"))
     if _is_transformers_model(bare):  # not a peft model: its keys would not load into its base config
         bare.config.to_json_file(tmp / "config.json")
     if optimizer is not None:
         torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+
+
+def _write_loop_state(tmp, step, scheduler, trainer_state, rng_states, config, metrics) -> None:
     if scheduler is not None:
         torch.save(scheduler.state_dict(), tmp / "scheduler.pt")
     state = {**(trainer_state or {}), "step": step}
@@ -189,6 +222,10 @@ def _write_contents(tmp, step, model, optimizer, scheduler, trainer_state, rng_s
     if config_dict is not None:
         _write_text(tmp / "config.yaml", yaml.safe_dump(config_dict, sort_keys=False))
     _write_text(tmp / "metrics.json", json.dumps(_json_safe(metrics or {}), indent=1, sort_keys=True))
+
+
+def _write_manifest(tmp: Path, step: int, layout: str, world_size: int) -> None:
+    # Every file in `tmp`, other ranks' shards included (DCP fsyncs its own; fsyncing again is cheap).
     files = {}
     for path in sorted(p for p in tmp.iterdir() if p.is_file()):
         with open(path, "rb+") as f:
@@ -198,6 +235,8 @@ def _write_contents(tmp, step, model, optimizer, scheduler, trainer_state, rng_s
         "format": FORMAT,
         "version": VERSION,
         "step": step,
+        "layout": layout,
+        "world_size": world_size,
         "created_unix": time.time(),
         "files": files,
     }
@@ -308,6 +347,9 @@ def load_checkpoint(
     path = Path(path)
     if verify and (problem := verify_checkpoint(path)) is not None:
         raise ValueError(f"checkpoint {path} is unusable: {problem}")
+    if (manifest := read_manifest(path))["layout"] != "full":
+        raise ValueError(f"checkpoint {path} is {manifest['layout']} (written by {manifest['world_size']} "
+                         "processes under FSDP2): load it with rmkit.trainer.sharded_checkpoint")
     bare = unwrap_model(model)
     missing, unexpected = load_model(
         bare, str(path / "model.safetensors"), strict=False, device=str(map_location)
@@ -320,9 +362,21 @@ def load_checkpoint(
         optimizer.load_state_dict(
             torch.load(path / "optimizer.pt", map_location=map_location, weights_only=True)
         )
+    return load_loop_state(path, scheduler)
+
+
+def load_loop_state(path: Path, scheduler=None) -> dict:
+    """Restore `scheduler` (when given) and return the trainer state of a checkpoint of either layout."""
     if scheduler is not None:
         scheduler.load_state_dict(torch.load(path / "scheduler.pt", weights_only=True))
     return torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=True)
+
+
+def read_manifest(path: str | Path) -> dict:
+    """A checkpoint's manifest.json; `layout` ("full" or "sharded") and `world_size` are filled in for
+    checkpoints written before they were recorded (full, one writer)."""
+    manifest = json.loads((Path(path) / MANIFEST).read_text(encoding="utf-8"))
+    return {"layout": "full", "world_size": 1, **manifest}
 
 
 # ------------------------------------------------------------------------------------------ retention

@@ -2,7 +2,8 @@
 
 The files themselves are `rmkit.trainer.checkpoint`'s business; this module knows the loop's pieces
 (model, optimizer, scheduler, sampler, step, epoch, per-rank RNG, the metrics log) and the
-`checkpointing` config. Every function is called on all ranks; only rank 0 touches the disk.
+`checkpointing` config. Every function is called on all ranks; only rank 0 touches the disk, except that
+every rank writes its own shards of a sharded (FSDP2) checkpoint and reads the ones it needs.
 """
 
 from __future__ import annotations
@@ -22,10 +23,12 @@ from rmkit.trainer.checkpoint import (
     list_checkpoints,
     load_checkpoint,
     prune_checkpoints,
+    read_manifest,
     restore_rng_state,
     save_checkpoint,
     verify_checkpoint,
 )
+from rmkit.trainer.sharded_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
 
 
 def checkpoint_metrics(metrics: dict) -> dict:
@@ -74,14 +77,19 @@ def _choose(checkpoint_dir: Path, resume: str | None) -> str | None:
 
 
 def restore_training_state(path: Path, state, device: torch.device) -> dict:
-    """Load `path` into `state` (model, optimizer, scheduler, sampler, step, epoch).
+    """Load `path` into `state` (model, optimizer, scheduler, sampler, step, epoch). A sharded checkpoint
+    loads into a model sharded over any number of processes or into an unsharded one; a sharded model loads
+    either layout.
 
     Returns the whole saved trainer state (metrics, extras, `rng`); pass it to `restore_rng` just
     before the first step, after everything at setup that may draw random numbers.
     """
-    saved = load_checkpoint(
-        path, model=state.model, optimizer=state.optimizer, scheduler=state.scheduler, map_location=device
-    )
+    if read_manifest(path)["layout"] == "sharded" or dist.is_sharded(state.model):  # DCP reshards
+        saved = load_sharded_checkpoint(path, model=state.model, optimizer=state.optimizer, scheduler=state.scheduler)
+    else:
+        saved = load_checkpoint(
+            path, model=state.model, optimizer=state.optimizer, scheduler=state.scheduler, map_location=device
+        )
     try:
         state.sampler.load_state_dict(saved["sampler"])
     except ValueError as err:  # the data or the seed changed since the checkpoint
@@ -105,34 +113,38 @@ def restore_rng(saved: dict) -> None:
 def save_training_checkpoint(
     cfg, state, metrics: dict, extra: dict | None = None, tokenizer=None
 ) -> Path | None:
-    """Save `step_<state.step>` (rank 0) with every rank's RNG state, then apply `keep_top_k`.
+    """Save `step_<state.step>` with every rank's RNG state, then apply `keep_top_k` (call on every rank).
+    A model sharded by FSDP2 is saved in the sharded layout, every rank writing its shards; otherwise
+    rank 0 writes the full layout.
 
     Args:
         cfg: the run config (`cfg.checkpointing` is read; the whole tree is saved as config.yaml).
         state: the loop's TrainState.
         metrics: the latest metrics (validation included), saved under their checkpoint names.
         extra: more picklable loop state to keep (e.g. the last validation metrics).
-        tokenizer: saved alongside, so the step directory works as a model directory.
+        tokenizer: saved alongside (full layout), so the step directory works as a model directory.
+
+    Returns the checkpoint's path on rank 0, None on the others.
     """
     rng_states = dist.all_gather_object(capture_rng_state())  # a collective: every rank calls it
+    ckpt = cfg.checkpointing
+    named = checkpoint_metrics(metrics)
+    loop_files = {
+        "scheduler": state.scheduler,
+        "trainer_state": {"epoch": state.epoch, "sampler": state.sampler.state_dict(), **(extra or {})},
+        "rng_states": rng_states,
+        "config": cfg,
+        "metrics": named,
+    }
     path = None
+    if dist.is_sharded(state.model):
+        path = save_sharded_checkpoint(ckpt.checkpoint_dir, state.step, model=state.model,
+                                       optimizer=state.optimizer, **loop_files)
+    elif dist.is_main():
+        path = save_checkpoint(ckpt.checkpoint_dir, state.step, model=state.model, optimizer=state.optimizer,
+                               tokenizer=tokenizer, **loop_files)
     if dist.is_main():
-        ckpt = cfg.checkpointing
-        named = checkpoint_metrics(metrics)
         _check_metric_name(ckpt.metric_name, named)
-        trainer_state = {"epoch": state.epoch, "sampler": state.sampler.state_dict(), **(extra or {})}
-        path = save_checkpoint(
-            ckpt.checkpoint_dir,
-            state.step,
-            model=state.model,
-            optimizer=state.optimizer,
-            scheduler=state.scheduler,
-            trainer_state=trainer_state,
-            rng_states=rng_states,
-            config=cfg,
-            metrics=named,
-            tokenizer=tokenizer,
-        )
         prune_checkpoints(ckpt.checkpoint_dir, ckpt.keep_top_k, ckpt.metric_name, ckpt.higher_is_better)
     dist.barrier()
     return path

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,23 +19,48 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(args: list[str], env: dict, nproc: int = 2, timeout: float = 300) -> str:
-    """`python -m torch.distributed.run --nproc-per-node N ... ARGS` on 127.0.0.1; returns its stderr.
-
-    The launcher gets a session of its own, so on a timeout it dies together with its ranks.
-    """
+def start_torchrun(args: list[str], env: dict, nproc: int = 2) -> subprocess.Popen:
+    """`python -m torch.distributed.run --nproc-per-node N ... ARGS` on 127.0.0.1, started, not awaited;
+    stop it with `kill_all`."""
     cmd = [
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
         "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *args,
     ]  # fmt: skip
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
+
+
+def torchrun(args: list[str], env: dict, nproc: int = 2, timeout: float = 300) -> str:
+    """`start_torchrun`, awaited; returns its stderr. On a timeout the launcher dies together with its ranks."""
+    proc = start_torchrun(args, env, nproc)
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_all(proc)
         _, err = proc.communicate()
         pytest.fail(f"torchrun did not finish in {timeout} s:\n{err[-5000:]}")
     assert proc.returncode == 0, err[-5000:]
     return err
+
+
+def kill_all(proc: subprocess.Popen) -> None:
+    """SIGKILL the launcher and every process below it. torchrun starts each rank in a session of its own,
+    out of reach of `os.killpg` on the launcher's; the parent links in /proc find them."""
+    for pid in [*_descendants(proc.pid), proc.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _descendants(root: int) -> list[int]:
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()  # after "(comm)", which may hold spaces
+            parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = [], [root]
+    while frontier:
+        children = [pid for pid, parent in parents.items() if parent in frontier]
+        found += children
+        frontier = children
+    return found

@@ -51,6 +51,33 @@ def assert_same_weights(a, b):
         assert torch.equal(sa[key], sb[key]), key
 
 
+def test_sharded_layout_round_trip_in_one_process(tmp_path):
+    # The sharded layout (DCP files) without a process group: what a 2 -> 1 resume reads, bitwise here.
+    from rmkit.trainer.sharded_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
+
+    model = tiny_model()
+    optimizer, scheduler = make_optim(model)
+    train_step(model, optimizer, scheduler)
+    path = save_sharded_checkpoint(tmp_path, 1, model=model, optimizer=optimizer, scheduler=scheduler,
+                                   trainer_state={"epoch": 0}, metrics={"loss": 1.0})
+    manifest = ckpt.read_manifest(path)
+    assert manifest["layout"] == "sharded" and ".metadata" in manifest["files"] and not (path / "model.safetensors").exists()
+    full = ckpt.save_checkpoint(tmp_path, 2, model=model, optimizer=optimizer, scheduler=scheduler)
+    train_step(model, optimizer, scheduler)
+    for source in (path, full):  # a full checkpoint loads through the same function (parameters by name)
+        resumed = tiny_model(seed=1)
+        opt2, sched2 = make_optim(resumed)
+        state = load_sharded_checkpoint(source, model=resumed, optimizer=opt2, scheduler=sched2)
+        ckpt.restore_rng_state(state["rng"][0])
+        train_step(resumed, opt2, sched2)
+        assert_same_weights(model, resumed)
+    with pytest.raises(ValueError, match="is sharded .* load it with rmkit.trainer.sharded_checkpoint"):
+        ckpt.load_checkpoint(path, model=tiny_model())
+    shard = next(path.glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-10])
+    assert "truncated" in ckpt.verify_checkpoint(path)
+
+
 def test_round_trip_then_training_continues_bitwise(tmp_path):
     model = tiny_model()
     optimizer, scheduler = make_optim(model)

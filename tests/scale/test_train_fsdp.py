@@ -160,11 +160,9 @@ def test_fsdp2_two_gloo_processes_equal_one_process(tmp_path, variant):
     torch.testing.assert_close(sharded_scores, single_scores, rtol=0, atol=1e-5)
 
 
-def test_sharded_checkpoints_are_a_clear_config_error():
-    with pytest.raises(ConfigError, match="checkpointing.enabled.*not implemented yet"):
-        config_from_dict({"policy": {"dtensor_cfg": {"enabled": True}}})
-    cfg = config_from_dict({"policy": {"dtensor_cfg": {"enabled": True}}, "checkpointing": {"enabled": False}})
+def test_dtensor_config_defaults_and_checks():
+    cfg = config_from_dict({"policy": {"dtensor_cfg": {"enabled": True}}, "checkpointing": {"resume": "auto"}})
     assert cfg.policy.dtensor_cfg.reshard_after_forward and cfg.policy.dtensor_cfg.param_dtype == "auto"
+    assert cfg.checkpointing.enabled  # sharded checkpoints and resume: tests/scale/test_train_fsdp_resume.py
     with pytest.raises(ConfigError, match="param_dtype"):
-        config_from_dict({"policy": {"dtensor_cfg": {"enabled": True, "param_dtype": "bfloat16"}},
-                          "checkpointing": {"enabled": False}})
+        config_from_dict({"policy": {"dtensor_cfg": {"enabled": True, "param_dtype": "bfloat16"}}})
