@@ -26,14 +26,14 @@ def _series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [p[0] for p in points], [p[1] for p in points]
 
 
-def plot_training_curves(history: list[dict], path: Path) -> Path | None:
-    """Loss and accuracy over steps: training (`train/*`) and each validation set (`validation-*/*`)."""
+def plot_training_curves(history: list[dict], path: Path, metrics: tuple[str, ...] = ("loss", "acc")) -> Path | None:
+    """`metrics` (loss and accuracy) over steps: training (`train/*`) and each validation set (`validation-*/*`)."""
     plt = pyplot()
     if plt is None:
         return None
     val_names = sorted({k.split("/")[0] for r in history for k in r if k.startswith("validation-")})
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, metric in zip(axes, ("loss", "acc")):
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5.5 * len(metrics), 4), squeeze=False)
+    for ax, metric in zip(axes[0], metrics):
         ax.plot(*_series(history, f"train/{metric}"), label="train", alpha=0.6)
         for name in val_names:
             ax.plot(*_series(history, f"{name}/{metric}"), marker="o", label=name)
