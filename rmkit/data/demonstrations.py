@@ -50,7 +50,7 @@ class Demonstration:
 
 def load_demonstrations(path: str | Path, format: str = "auto", *, messages_key: str = "messages",
                         prompt_key: str = "prompt", response_key: str = "response", chosen_key: str = "chosen",
-                        rejected_key: str = "rejected", allow_empty_response: bool = False,
+                        rejected_key: str = "rejected", allow_empty_response: bool = False, keep_ties: bool = False,
                         on_error: str = "raise", split: str = "train") -> LoadResult:
     """Read demonstrations (`.records`: list[Demonstration]) from a file or dataset (module docstring)."""
     if format not in DEMONSTRATION_FORMATS:
@@ -63,7 +63,7 @@ def load_demonstrations(path: str | Path, format: str = "auto", *, messages_key:
     if format not in ("messages", "prompt_response"):
         loaded = load_preference_data(path, format, prompt_key=prompt_key, chosen_key=chosen_key,
                                       rejected_key=rejected_key, allow_empty_response=allow_empty_response,
-                                      on_error=on_error, split=split)
+                                      keep_ties=keep_ties, on_error=on_error, split=split)
         loaded.records = [Demonstration(p.prompt, p.chosen, p.source, chosen_key) for p in loaded.records]
         return loaded
     collector = _Collector(on_error)
@@ -162,8 +162,8 @@ def _tokenized(demo: Demonstration, tokenizer, assistant_only: bool, only_final:
     path, _, line = demo.source.rpartition(":")
     where = (path, int(line)) if line.isdigit() else (demo.source, None)
     try:
-        ids = demonstration_ids(tokenizer, demonstration_messages(tokenizer, demo.prompt, demo.response),
-                                assistant_only, only_final, demo.source)
+        messages, first = demonstration_messages(tokenizer, demo.prompt, demo.response)
+        ids = demonstration_ids(tokenizer, messages, assistant_only, only_final, demo.source, first)
     except TemplateMismatch as err:
         raise DataError(*where, demo.field, f"{err}; its assistant turns cannot be found (set policy.tokenizer."
                                             "chat_template to a template that renders turns incrementally)") from None

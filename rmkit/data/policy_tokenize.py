@@ -153,16 +153,20 @@ class DemonstrationIds:
         return len(self.input_ids)
 
 
-def demonstration_messages(tokenizer, prompt: str | list[Message], response: str | list[Message] | None) -> list[Message]:
-    """The conversation of a demonstration: `prompt` alone when it is the whole conversation (`response`
-    None), else the prompt read as at generation (`prompt_messages`) followed by the response as assistant
-    turn(s); a response text is stripped of surrounding space under a chat template, as `response_ids` does."""
+def demonstration_messages(tokenizer, prompt: str | list[Message],
+                           response: str | list[Message] | None) -> tuple[list[Message], int]:
+    """`(conversation, first)`: the messages of a demonstration and the index of the first one a loss may train
+    on. `prompt` alone is the whole conversation when `response` is None (`first` 0: every assistant turn);
+    else the prompt read as at generation (`prompt_messages`: an HH transcript becomes chat turns, which stay
+    context) followed by the response as assistant turn(s), `first` pointing at it; a response text is
+    stripped of surrounding space under a chat template, as `response_ids` does."""
     if response is None:
-        return as_messages(prompt, "user")
+        return as_messages(prompt, "user"), 0
     if isinstance(response, str):
         text = response.strip() if getattr(tokenizer, "chat_template", None) else response
         response = [{"role": "assistant", "content": text}]
-    return as_messages(prompt_messages(tokenizer, prompt), "user") + list(response)
+    context = as_messages(prompt_messages(tokenizer, prompt), "user")
+    return context + list(response), len(context)
 
 
 def _template_ids(tokenizer, messages: list[Message], turns: list[int]) -> tuple[list[int], list[tuple[int, int]]]:
@@ -201,14 +205,15 @@ def _plain_ids(tokenizer, messages: list[Message], turns: list[int]) -> tuple[li
 
 
 def demonstration_ids(tokenizer, messages: list[Message], assistant_only: bool = True,
-                      only_final: bool = False, source: str = "") -> DemonstrationIds:
+                      only_final: bool = False, source: str = "", first: int = 0) -> DemonstrationIds:
     """Token ids and loss mask of a conversation (at least one assistant turn, not the first message):
     with a chat template, each assistant turn's tokens are found by rendering the conversation prefix by
     prefix (the reply and the turn's end-of-turn tokens; `TemplateMismatch` when prefixes disagree with the
     whole rendering); without one, rmkit's plain rendering (`_plain_ids`). Messages after the last assistant
     turn teach nothing and are left out. `assistant_only=False` trains on every token; `only_final` on the
-    last assistant turn alone (NeMo RL's `only_unmask_final`)."""
-    turns = [k for k, m in enumerate(messages) if m["role"] == "assistant"]
+    last assistant turn alone (NeMo RL's `only_unmask_final`); assistant turns before message `first` are
+    context, never trained on."""
+    turns = [k for k, m in enumerate(messages) if m["role"] == "assistant" and k >= first]
     if not turns:
         raise ValueError("no assistant message to learn from")
     if turns[0] == 0:

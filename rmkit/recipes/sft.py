@@ -74,7 +74,7 @@ def load_demonstration_set(cfg: SFTTree, path: str, tokenizer, rejects: Path, la
     loaded = load_demonstrations(resolve_data_path(path), data.format, messages_key=data.messages_key,
                                  prompt_key=data.prompt_key, response_key=data.response_key, chosen_key=data.chosen_key,
                                  rejected_key=data.rejected_key, allow_empty_response=data.allow_empty_response,
-                                 on_error=data.on_error, split=data.split)
+                                 keep_ties=data.keep_ties, on_error=data.on_error, split=data.split)
     tokenized = tokenize_demonstrations(loaded.records, tokenizer, max_length, data.overlong, sft.assistant_only_loss,
                                         sft.only_unmask_final, data.on_error)
     skipped = list(loaded.skipped) + tokenized.dropped

@@ -162,3 +162,32 @@ def test_export_loads_as_causal_lm(tmp_path, policy):
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
     ids = torch.tensor([demos_of(tokenizer, 1)[0].input_ids])
     torch.testing.assert_close(loaded(ids).logits, model(ids).logits)
+
+
+def test_template_whose_prefixes_disagree_is_an_error_naming_the_record(policy):
+    from rmkit.data.demonstrations import Demonstration, tokenize_demonstrations
+    from rmkit.errors import DataError
+
+    _, tokenizer = policy
+    hiding = copy.copy(tokenizer)  # renders only the last assistant reply (as templates that drop old reasoning)
+    hiding.chat_template = ("{% for m in messages %}{% if m.role == 'assistant' and not loop.last %}A: ...\n"
+                            "{% else %}{{ m.role }}: {{ m.content }}\n{% endif %}{% endfor %}"
+                            "{% if add_generation_prompt %}assistant: {% endif %}")
+    demos = [Demonstration(CONVERSATION, None, "demos.jsonl:7")]
+    with pytest.raises(DataError) as err:
+        tokenize_demonstrations(demos, hiding, 512)
+    assert (err.value.path, err.value.line, err.value.field) == ("demos.jsonl", 7, "messages")
+    skipped = tokenize_demonstrations(demos, hiding, 512, on_error="skip")
+    assert not skipped.items and skipped.dropped[0][0] == "demos.jsonl:7"
+
+
+def test_hh_transcript_prompt_is_read_as_chat_turns(policy):
+    from rmkit.data.demonstrations import Demonstration, tokenize_demonstrations
+
+    _, tokenizer = policy
+    hh = Demonstration("\n\nHuman: Hi\n\nAssistant: Hello.\n\nHuman: Bye\n\nAssistant:", " Goodbye!", "hh.jsonl:1")
+    demo = tokenize_demonstrations([hh], tokenizer, 512).items[0]
+    expected = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
+                {"role": "user", "content": "Bye"}, {"role": "assistant", "content": "Goodbye!"}]
+    assert demo.input_ids == tokenizer.apply_chat_template(expected, tokenize=True, return_dict=True)["input_ids"]
+    assert masked_text(tokenizer, demo) == "Goodbye!<|im_end|>\n"  # the prompt's earlier reply is context
