@@ -77,7 +77,7 @@ def test_cli_end_to_end(tiny_policy, tmp_path, capsys):
     assert code == 0 and "4 demonstrations" in err, err[-3000:]
 
 
-def test_chosen_side_of_preference_data(tiny_policy, tmp_path, capsys):
+def test_chosen_side_of_preference_data_with_lora_and_packing(tiny_policy, tmp_path, capsys):
     pairs = [{"prompt": f"Q{i}?", "chosen": f"good {i}", "rejected": f"bad {i}"} for i in range(4)]
     train = write_jsonl(tmp_path / "pairs.jsonl", pairs)
     from rmkit.data.demonstrations import load_demonstrations
@@ -85,8 +85,11 @@ def test_chosen_side_of_preference_data(tiny_policy, tmp_path, capsys):
     loaded = load_demonstrations(train)
     assert [d.response for d in loaded.records] == [f"good {i}" for i in range(4)]
     code, err = run_sft(capsys, *base_args(tiny_policy, tmp_path, train, **{
-        "sft.max_num_steps": 1, "sft.num_sample_generations": 0, "checkpointing.enabled": False}))
+        "sft.max_num_steps": 1, "sft.num_sample_generations": 0, "checkpointing.enabled": False,
+        "policy.lora.enabled": True, "sft.sequence_packing": True}))
     assert code == 0, err[-3000:]
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "out/final")  # LoRA merged: a plain Llama
+    assert not any("lora" in name for name, _ in merged.named_parameters())
 
 
 def test_malformed_record_is_file_line_field_or_skipped(tiny_policy, tmp_path, capsys):
