@@ -14,6 +14,7 @@ from rmkit.errors import UserError
 SUBCOMMANDS = {
     "train": ("rmkit.cli.train", "train a reward model from a YAML config"),
     "dpo": ("rmkit.cli.dpo", "train a policy on preference pairs with DPO"),
+    "sft": ("rmkit.cli.sft", "fine-tune a policy on demonstrations (supervised fine-tuning)"),
     "eval": ("rmkit.cli.eval", "validation metrics of a model on a preference file; --report: a RewardBench-style report"),
     "score": ("rmkit.cli.score", "write each record of a file back with its reward(s)"),
     "serve": ("rmkit.cli.serve", "HTTP scoring server for RL trainers"),

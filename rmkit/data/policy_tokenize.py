@@ -9,6 +9,10 @@ two sides of a preference pair share exactly their prompt tokens. An HH-RLHF tex
 Overlong sequences (the `truncate` policy): a response keeps its beginning (it must follow the prompt) and
 is cut at its end only when it alone leaves the prompt less than half the budget; the prompt keeps its
 leading special tokens and its newest tokens, the same ones for every response of the prompt.
+
+Demonstrations (SFT) are whole conversations: `demonstration_ids` finds each assistant turn's tokens by
+rendering the conversation prefix by prefix, so a single-turn demonstration is exactly `render_prompt` +
+`response_ids`, and `fit_demonstration` cuts it by the same rule.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rmkit.data.records import Message, PreferencePair
-from rmkit.data.tokenize import as_messages, keep_end
+from rmkit.data.tokenize import as_messages, encode_text, keep_end, render_plain
 from rmkit.generation import render_prompt
 
 HH_TURN = re.compile(r"\n\n(Human|Assistant):")
@@ -122,3 +126,120 @@ def tokenize_policy_pairs(pairs: Sequence[PreferencePair], tokenizer, max_length
         out.truncated += cut
         out.pairs.append(PolicyPair(fitted_prompt, fitted[0], fitted[1], pair.source))
     return out
+
+
+# ------------------------------------------------------------------------- demonstrations (SFT)
+
+
+class TemplateMismatch(ValueError):
+    """The chat template renders a conversation's prefix differently from the start of the whole
+    conversation, so its assistant turns cannot be found by prefix (e.g. a template that drops earlier
+    turns' reasoning)."""
+
+
+@dataclass(frozen=True)
+class DemonstrationIds:
+    """A demonstration as a policy reads it: `input_ids` and `token_mask` (aligned, 1 = trained on;
+    position 0 is never trained on, docs/design.md), and `prompt_length`, where the last assistant turn
+    starts (its tokens before it are the prompt a sample generation answers)."""
+
+    input_ids: list[int]
+    token_mask: list[int]
+    prompt_length: int
+    source: str = ""
+
+    @property
+    def length(self) -> int:
+        return len(self.input_ids)
+
+
+def demonstration_messages(tokenizer, prompt: str | list[Message],
+                           response: str | list[Message] | None) -> tuple[list[Message], int]:
+    """`(conversation, first)`: the messages of a demonstration and the index of the first one a loss may train
+    on. `prompt` alone is the whole conversation when `response` is None (`first` 0: every assistant turn);
+    else the prompt read as at generation (`prompt_messages`: an HH transcript becomes chat turns, which stay
+    context) followed by the response as assistant turn(s), `first` pointing at it; a response text is
+    stripped of surrounding space under a chat template, as `response_ids` does."""
+    if response is None:
+        return as_messages(prompt, "user"), 0
+    if isinstance(response, str):
+        text = response.strip() if getattr(tokenizer, "chat_template", None) else response
+        response = [{"role": "assistant", "content": text}]
+    context = as_messages(prompt_messages(tokenizer, prompt), "user")
+    return context + list(response), len(context)
+
+
+def _template_ids(tokenizer, messages: list[Message], turns: list[int]) -> tuple[list[int], list[tuple[int, int]]]:
+    def render(msgs, generation_prompt=False):
+        return list(tokenizer.apply_chat_template(msgs, add_generation_prompt=generation_prompt, tokenize=True,
+                                                  return_dict=True)["input_ids"])
+
+    full, spans = render(messages), []
+    for k in turns:
+        before, after = render(messages[:k], True), render(messages[:k + 1])
+        if full[:len(before)] != before or full[:len(after)] != after:
+            raise TemplateMismatch(f"the chat template renders the conversation up to message {k} differently "
+                                   "from the start of the whole conversation")
+        spans.append((len(before), len(after)))
+    return full, spans
+
+
+def _plain_ids(tokenizer, messages: list[Message], turns: list[int]) -> tuple[list[int], list[tuple[int, int]]]:
+    """rmkit's plain rendering turn by turn: the first assistant turn follows `render_prompt` of what precedes
+    it; each reply is its text (a space after "Assistant:") and EOS; later context is "\\nUser: ...\\nAssistant:"."""
+    ids, spans, start = [], [], 0
+    for k in turns:
+        context = messages[start:k]
+        if start == 0:
+            ids = render_prompt(tokenizer, context) if context else encode_text(tokenizer, "Assistant:")
+        else:
+            text = ("\n" + render_plain(context) if context else "") + "\nAssistant:"
+            ids += tokenizer(text, add_special_tokens=False)["input_ids"]
+        content = messages[k]["content"]
+        reply = content if content[:1].isspace() else " " + content
+        reply_ids = list(tokenizer(reply, add_special_tokens=False)["input_ids"])
+        reply_ids += [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        spans.append((len(ids), len(ids) + len(reply_ids)))
+        ids, start = ids + reply_ids, k + 1
+    return ids, spans
+
+
+def demonstration_ids(tokenizer, messages: list[Message], assistant_only: bool = True,
+                      only_final: bool = False, source: str = "", first: int = 0) -> DemonstrationIds:
+    """Token ids and loss mask of a conversation (at least one assistant turn, not the first message):
+    with a chat template, each assistant turn's tokens are found by rendering the conversation prefix by
+    prefix (the reply and the turn's end-of-turn tokens; `TemplateMismatch` when prefixes disagree with the
+    whole rendering); without one, rmkit's plain rendering (`_plain_ids`). Messages after the last assistant
+    turn teach nothing and are left out. `assistant_only=False` trains on every token; `only_final` on the
+    last assistant turn alone (NeMo RL's `only_unmask_final`); assistant turns before message `first` are
+    context, never trained on."""
+    turns = [k for k, m in enumerate(messages) if m["role"] == "assistant" and k >= first]
+    if not turns:
+        raise ValueError("no assistant message to learn from")
+    if turns[0] == 0:
+        raise ValueError("the conversation starts with an assistant message; a reply needs a prompt before it")
+    messages = list(messages[:turns[-1] + 1])
+    render = _template_ids if getattr(tokenizer, "chat_template", None) else _plain_ids
+    ids, spans = render(tokenizer, messages, turns)
+    mask = [0] * len(ids)
+    for start, end in spans[-1:] if only_final else spans:
+        mask[start:end] = [1] * (end - start)
+    if not assistant_only:
+        mask = [1] * len(ids)
+    mask[0] = 0  # position 0 has no log-prob (docs/design.md)
+    return DemonstrationIds(ids, mask, spans[-1][0], source)
+
+
+def fit_demonstration(tokenizer, demo: DemonstrationIds, max_length: int) -> tuple[DemonstrationIds, bool]:
+    """`(demo, cut)` within `max_length` tokens by `fit_prompt_responses`' rule: the tokens before the first
+    trained one are the prompt (it keeps its leading special tokens and its end), the rest the response
+    (it keeps its start)."""
+    if demo.length <= max_length:
+        return demo, False
+    first = next((t for t, m in enumerate(demo.token_mask) if m), 1)
+    prompt, rest = demo.input_ids[:first], demo.input_ids[first:]
+    prompt, (rest,), _ = fit_prompt_responses(tokenizer, prompt, [rest], max_length)
+    mask = [0] * len(prompt) + demo.token_mask[first:first + len(rest)]
+    mask[0] = 0
+    prompt_length = min(max(demo.prompt_length - (first - len(prompt)), 0), len(prompt) + len(rest))
+    return DemonstrationIds(prompt + rest, mask, prompt_length, demo.source), True

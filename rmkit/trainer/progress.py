@@ -10,12 +10,13 @@ from tqdm import tqdm
 class ProgressBar:
     """A tqdm bar over optimizer steps showing loss, accuracy, pairs/s and tokens/s (disabled: silent)."""
 
-    def __init__(self, total: int, enabled: bool, initial: int = 0):
+    def __init__(self, total: int, enabled: bool, initial: int = 0, items: str = "pairs"):
+        self.items = items  # what the per-second rate counts (SFT: "seqs")
         self._bar = tqdm(total=total, initial=initial, disable=not enabled, desc="train", unit="step",
                          dynamic_ncols=True, file=sys.stderr)
 
     def update(self, loss: float, acc: float, pairs_per_s: float, tokens_per_s: float) -> None:
-        self._bar.set_postfix(loss=f"{loss:.4f}", acc=f"{acc:.3f}", pairs_s=f"{pairs_per_s:.1f}",
+        self._bar.set_postfix(loss=f"{loss:.4f}", acc=f"{acc:.3f}", **{f"{self.items}_s": f"{pairs_per_s:.1f}"},
                               tok_s=f"{tokens_per_s:.0f}", refresh=False)
         self._bar.update(1)
 

@@ -1,0 +1,162 @@
+"""Fine-tune one policy twice, with TRL's `SFTTrainer` and with `rmkit sft`, on the same demonstrations: tokens/s.
+
+Same weights (SmolLM2-135M-Instruct dequantized to float32 safetensors once, so both start from one directory),
+same data (the chosen sides of the first N pairs of `hh_harmless_train.jsonl`, tokenized once by rmkit with
+its assistant masks; TRL gets those `input_ids` + `assistant_masks`, so both train on the same tokens), same
+settings (max length 256, global batch 8 as micro 4 x accumulation 2, AdamW lr 1e-5, weight decay 0.01,
+constant schedule, grad clip 1.0, one epoch, float32, dropout off, 2 torch threads, no evaluation, no
+checkpoints). Each run is a fresh subprocess; repeats alternate which side goes first.
+
+Train time runs from the first training-mode forward of the input embeddings to the end of the last optimizer
+step (loading, tokenization and saving excluded), measured by the same global hooks in both trainers;
+tokens/s = the real (non-padding) tokens of the epoch / train time.
+
+    python benchmarks/sft_vs_trl.py --sequences 48 --repeats 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
+
+from benchmarks import common  # noqa: E402
+
+MAX_LENGTH, GLOBAL, MICRO, LR, THREADS = 256, 8, 4, 1e-5, 2
+TIMES: dict[str, float] = {}
+
+
+def install_timers(model: torch.nn.Module) -> None:
+    def first_forward(module, args):
+        if module.training and "start" not in TIMES:
+            TIMES["start"] = time.perf_counter()
+
+    model.get_input_embeddings().register_forward_pre_hook(first_forward)
+    register_optimizer_step_post_hook(lambda *_: TIMES.__setitem__("end", time.perf_counter()))
+
+
+def train_trl(spec: dict) -> None:
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from trl import SFTConfig, SFTTrainer
+
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
+    install_timers(model)
+    rows = json.loads(Path(spec["data"]).read_text())
+    dataset = Dataset.from_list([{"input_ids": r["input_ids"], "assistant_masks": r["token_mask"]} for r in rows])
+    args = SFTConfig(output_dir=spec["out"], per_device_train_batch_size=MICRO, gradient_accumulation_steps=GLOBAL // MICRO,
+                     learning_rate=LR, weight_decay=0.01, lr_scheduler_type="constant", max_grad_norm=1.0,
+                     num_train_epochs=1, max_length=MAX_LENGTH, gradient_checkpointing=False, save_strategy="no",
+                     eval_strategy="no", report_to=[], logging_steps=1000, seed=42, use_cpu=True,
+                     dataloader_num_workers=0, disable_tqdm=True)
+    SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer).train()
+
+
+def train_rmkit(spec: dict) -> None:
+    from rmkit.config import load_config
+    from rmkit.recipes import sft
+    from rmkit.recipes.sft_config import SFTTree
+
+    original = sft.load_model
+
+    def load_model(cfg, device):
+        model, tokenizer = original(cfg, device)
+        install_timers(model)
+        return model, tokenizer
+
+    sft.load_model = load_model
+    overrides = [f"policy.model_name={spec['model']}", f"data.train_data_path={spec['jsonl']}", "data.val_data_paths={}",
+                 f"checkpointing.checkpoint_dir={spec['out']}", "checkpointing.enabled=false",
+                 f"policy.train_global_batch_size={GLOBAL}", f"policy.train_micro_batch_size={MICRO}",
+                 f"policy.max_total_sequence_length={MAX_LENGTH}", f"policy.optimizer.lr={LR}",
+                 "policy.scheduler.name=constant", "policy.scheduler.warmup_steps=0", f"policy.num_threads={THREADS}",
+                 "logger.progress_bar=false", "logger.tensorboard=false", "logger.plots=false",
+                 f"sft.sequence_packing={spec['packing']}"]
+    sft.train(load_config(None, overrides, tree_type=SFTTree))
+
+
+def worker(spec_path: Path) -> None:
+    spec = json.loads(spec_path.read_text())
+    torch.set_num_threads(THREADS)
+    torch.manual_seed(42)
+    (train_trl if spec["side"] == "trl" else train_rmkit)(spec)
+    result = {"train_s": TIMES["end"] - TIMES["start"], "peak_rss_mib": common.peak_rss_mib()}
+    Path(spec["result"]).write_text(json.dumps(result))
+
+
+def prepare(work: Path, sequences: int) -> dict:
+    """The float32 model directory and the demonstrations, tokenized once (JSON for TRL, JSONL for rmkit)."""
+    from rmkit.data.demonstrations import load_demonstrations, tokenize_demonstrations
+    from rmkit.models.policy import load_policy_model
+
+    model_dir = work / "model"
+    model, tokenizer = load_policy_model(common.smollm2_path())
+    if not (model_dir / "config.json").exists():
+        model.save_pretrained(model_dir)
+        tokenizer.save_pretrained(model_dir)
+    source = common.DEFAULT_DATA_DIR / "hh_harmless_train.jsonl"
+    lines = source.read_text().splitlines()[:sequences]
+    (work / "train.jsonl").write_text("".join(line + "\n" for line in lines))
+    demos = tokenize_demonstrations(load_demonstrations(work / "train.jsonl").records, tokenizer, MAX_LENGTH).items
+    (work / "train_ids.json").write_text(json.dumps([{"input_ids": d.input_ids, "token_mask": d.token_mask} for d in demos]))
+    return {"model": str(model_dir), "jsonl": str(work / "train.jsonl"), "data": str(work / "train_ids.json"),
+            "tokens": sum(d.length for d in demos), "trained_tokens": sum(sum(d.token_mask) for d in demos),
+            "sequences": len(demos)}
+
+
+def run(side: str, data: dict, work: Path, repeat: int, packing: bool) -> dict:
+    name = f"{side}{'-packed' if packing else ''}-{repeat}"
+    spec = {**data, "side": side, "packing": packing, "out": str(work / name), "result": str(work / f"{name}.json")}
+    (work / f"{name}.spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    start = time.perf_counter()
+    proc = subprocess.run([sys.executable, __file__, "worker", str(work / f"{name}.spec.json")], env=env,
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{name} failed:\n{proc.stderr[-4000:]}")
+    result = json.loads(Path(spec["result"]).read_text())
+    return {"run": name, **result, "wall_s": time.perf_counter() - start,
+            "tokens_per_s": data["tokens"] / result["train_s"]}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["worker"]:
+        worker(Path(argv[1]))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sequences", type=int, default=48)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rmkit_sft_vs_trl"))
+    parser.add_argument("--output", type=Path, default=Path("benchmarks/results/sft_vs_trl.json"))
+    args = parser.parse_args(argv)
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    data = prepare(args.work_dir, args.sequences)
+    runs = []
+    for repeat in range(args.repeats):
+        order = [("trl", False), ("rmkit", False), ("rmkit", True)]
+        for side, packing in order if repeat % 2 == 0 else order[::-1]:
+            runs.append(run(side, data, args.work_dir, repeat, packing))
+            print(json.dumps(runs[-1]), file=sys.stderr)
+    payload = {"machine": common.machine_info(), "settings": {"max_length": MAX_LENGTH, "global_batch": GLOBAL,
+               "micro_batch": MICRO, "lr": LR, "threads": THREADS, "precision": "float32"},
+               "data": {k: data[k] for k in ("sequences", "tokens", "trained_tokens")}, "runs": runs}
+    common.write_json(args.output, payload)
+    for r in runs:
+        print(f"{r['run']:<16} {r['tokens_per_s']:8.1f} tokens/s  train {r['train_s']:7.1f} s  "
+              f"peak RSS {r['peak_rss_mib']:7.0f} MiB")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

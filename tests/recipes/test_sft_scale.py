@@ -1,0 +1,123 @@
+"""`rmkit sft` killed with SIGKILL and resumed == uninterrupted (bitwise on CPU, one thread), and a 2-process
+torchrun DDP run == one process with the same global batch.
+
+DDP tolerance: the ranks sum their gradient shares in another order than one process does (then an
+all-reduce), so the runs agree to float32 rounding that Adam can amplify on near-zero gradients: logged
+losses to 1e-4 relative, final weights to 1e-5 absolute (as tests/scale/test_train_ddp.py). Averaging instead of
+summing gradients, or local instead of global token counts, is off by a factor of ~2 at the first step.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from rmkit import cli
+from tests.scale.launch import torchrun
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "RMKIT_NUM_THREADS": "1"}
+STEPS, SAVE_PERIOD = 16, 4
+TIMING = ("train/tokens_per_s", "train/sequences_per_s", "validation-held_out/tokens_per_s")
+
+
+def conversation(i: int) -> dict:
+    turns = [{"role": "user", "content": f"What is {i} plus {i}?"}, {"role": "assistant", "content": f"It is {2 * i}."}]
+    if i % 3 == 0:
+        turns += [{"role": "user", "content": "And doubled?"}, {"role": "assistant", "content": f"{4 * i}, " * (i % 5)}]
+    return {"messages": turns}
+
+
+def write_config(tmp_path: Path, tiny_policy: str, name: str, micro: int = 2, **sft) -> Path:
+    for file, ids in (("train.jsonl", range(33)), ("val.jsonl", range(100, 107))):
+        (tmp_path / file).write_text("".join(json.dumps(conversation(i)) + "\n" for i in ids))
+    out = tmp_path / name
+    config = {
+        "sft": {"max_num_epochs": 4, "max_num_steps": STEPS, "val_period": 4, "seed": 5, "log_period": 3,
+                "num_sample_generations": 1, "sample_max_new_tokens": 4, **sft},
+        "policy": {"model_name": tiny_policy, "train_global_batch_size": 8, "train_micro_batch_size": micro,
+                   "max_total_sequence_length": 64, "num_threads": 1, "optimizer": {"lr": 3e-3},
+                   "scheduler": {"warmup_steps": 2}},
+        "data": {"train_data_path": str(tmp_path / "train.jsonl"), "val_data_paths": {"held_out": str(tmp_path / "val.jsonl")}},
+        "checkpointing": {"checkpoint_dir": str(out), "save_period": SAVE_PERIOD, "keep_top_k": 2},
+        "logger": {"log_dir": str(out / "logs"), "tensorboard": False, "progress_bar": False, "plots": False},
+    }  # fmt: skip
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def rmkit_sft(capsys, *args) -> str:
+    threads = torch.get_num_threads()
+    try:
+        assert cli.main(["sft", *map(str, args)]) == 0, capsys.readouterr().err[-4000:]
+    finally:
+        torch.set_num_threads(threads)
+    return capsys.readouterr().err
+
+
+def metrics(out: Path) -> list[dict]:
+    records = [json.loads(line) for line in (out / "logs/metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
+
+
+def logged_steps(log: Path) -> int:
+    try:
+        lines = log.read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    return max((json.loads(line)["step"] for line in lines[:-1]), default=0)
+
+
+@pytest.mark.slow
+def test_sigkill_then_resume_matches_uninterrupted_run(tiny_policy, tmp_path, capsys):
+    reference = tmp_path / "reference"
+    rmkit_sft(capsys, "--config", write_config(tmp_path, tiny_policy, "reference"))
+    out = tmp_path / "run"
+    config = write_config(tmp_path, tiny_policy, "run")
+    kill_at = random.Random().randint(SAVE_PERIOD + 1, STEPS - 3)
+    proc = subprocess.Popen([sys.executable, "-m", "rmkit", "sft", "--config", str(config)], env=ENV,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while logged_steps(out / "logs/metrics.jsonl") < kill_at:
+        assert proc.poll() is None, f"run ended before step {kill_at}: {proc.stderr.read()[-3000:]}"
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert not (out / "final").exists(), "the run finished before it was killed"
+
+    err = rmkit_sft(capsys, "--config", config, "--resume")
+    assert "resuming" in err, err[-2000:]
+    a, b = load_file(out / "final/model.safetensors"), load_file(reference / "final/model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert metrics(out) == metrics(reference), f"killed at step >= {kill_at}"
+    samples = [(s["step"], s["completion"]) for s in map(json.loads, (out / "logs/samples.jsonl").read_text().splitlines())]
+    assert samples == [(s["step"], s["completion"])
+                       for s in map(json.loads, (reference / "logs/samples.jsonl").read_text().splitlines())]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packing", [False, True])
+def test_torchrun_two_processes_equal_one(tiny_policy, tmp_path, capsys, packing):
+    one = write_config(tmp_path, tiny_policy, "one", micro=4, sequence_packing=packing)
+    two = write_config(tmp_path, tiny_policy, "two", micro=2, sequence_packing=packing)  # 4 per rank: 2 x 2
+    rmkit_sft(capsys, "--config", one, "checkpointing.enabled=false", "sft.max_num_steps=6")
+    torchrun(["-m", "rmkit", "sft", "--config", str(two), "checkpointing.enabled=false", "sft.max_num_steps=6"], ENV)
+    m1, m2 = metrics(tmp_path / "one"), metrics(tmp_path / "two")
+    assert [sorted(r) for r in m1] == [sorted(r) for r in m2]
+    for r1, r2 in zip(m1, m2):
+        for key in r1:
+            assert r2[key] == pytest.approx(r1[key], rel=1e-4, abs=1e-6), (key, r1["step"])
+    w1, w2 = (load_file(tmp_path / name / "final/model.safetensors") for name in ("one", "two"))
+    for key in w1:
+        torch.testing.assert_close(w2[key], w1[key], rtol=0, atol=1e-5)
