@@ -3,8 +3,9 @@
 A batch of N `PolicyPair`s becomes 2N interleaved rows `[c0, r0, c1, r1, ...]` (docs/design.md): row
 `prompt_ids + chosen_ids` and row `prompt_ids + rejected_ids`, padded on the right, with `token_mask` 1 on
 the response tokens (the ones DPO scores). `PairLogits` is the one place that runs the policy over pairs:
-the training step, the validation and the reference pass all call it, so a faster computation of the same
-numbers (the shared prompt computed once per pair) replaces its body and nothing else.
+the training step, the validation and the reference pass all call it. It runs each pair as one row
+`[prompt, chosen, rejected]` with the prompt computed once (`rmkit.models.shared_prefix`), whose logits equal
+the two unshared rows' within float rounding and come back in their layout.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 from rmkit.data.policy_tokenize import PolicyPair
 from rmkit.losses.logprobs import aligned_logprobs
 from rmkit.models.setup import autocast
+from rmkit.models.shared_prefix import shared_prefix_logits
 
 RefLogprobs = tuple[torch.Tensor, torch.Tensor]
 """A pair's reference log-probs of its response tokens: chosen `[len(chosen_ids)]`, rejected `[len(rejected_ids)]`."""
@@ -57,9 +59,9 @@ class PairLogits(torch.nn.Module):
     def forward(self, pairs: Sequence[PolicyPair]) -> tuple[torch.Tensor, dict]:
         device = next(self.model.parameters()).device
         data = pair_batch(pairs, self.pad_token_id, device)
+        groups = [(pair.prompt_ids, (pair.chosen_ids, pair.rejected_ids)) for pair in pairs]
         with autocast(self.precision, device):
-            logits = self.model(input_ids=data["input_ids"], attention_mask=data["attention_mask"],
-                                use_cache=False).logits
+            logits = shared_prefix_logits(self.model, groups, self.pad_token_id)
         return logits, data
 
 
