@@ -17,8 +17,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def torchrun(args: list[str], env: dict, nproc: int = 2, timeout: float = 300) -> str:
-    """`python -m torch.distributed.run --nproc-per-node N ... ARGS` on 127.0.0.1; returns its stderr.
+def torchrun(args: list[str], env: dict, nproc: int = 2, timeout: float = 300, returncode: int = 0) -> str:
+    """`python -m torch.distributed.run --nproc-per-node N ... ARGS` on 127.0.0.1; returns its stderr once it
+    exits with `returncode`.
 
     The launcher gets a session of its own, so on a timeout it dies together with its ranks.
     """
@@ -35,5 +36,5 @@ def torchrun(args: list[str], env: dict, nproc: int = 2, timeout: float = 300) -
         os.killpg(proc.pid, signal.SIGKILL)
         _, err = proc.communicate()
         pytest.fail(f"torchrun did not finish in {timeout} s:\n{err[-5000:]}")
-    assert proc.returncode == 0, err[-5000:]
+    assert proc.returncode == returncode, err[-5000:]
     return err
