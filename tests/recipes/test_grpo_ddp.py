@@ -81,7 +81,7 @@ def test_two_gloo_processes_equal_one_process(tiny_policy, tiny_reward_model, pr
 def test_nan_reward_on_one_rank_stops_every_rank(tiny_policy, tiny_reward_model, prompt_files, tmp_path):
     train, val = prompt_files
     args = grpo_overrides(tiny_policy, tiny_reward_model, train, val, tmp_path / "run") + ["grpo.val_at_start=false"]
-    err = torchrun(["-m", "tests.recipes._grpo_nan_worker", "grpo", *args], ENV, returncode=1)
+    err = torchrun(["-m", "tests.recipes._grpo_nan_worker", "grpo", *args], ENV, timeout=150, returncode=1)
     # Rank 1 names its prompt; rank 0, whose rewards were fine, stops too instead of waiting for rank 1.
     assert err.count("rmkit grpo: stopped: the reward model returned nan for a completion of the prompt at") == 1
     assert err.count("rmkit grpo: stopped: (in another process) the reward model returned nan") == 1
