@@ -287,12 +287,13 @@ def run_side(args, data: dict, side: str) -> dict:
     env = {**os.environ, "PYTHONPATH": str(common.REPO_ROOT), "OMP_NUM_THREADS": str(args.threads),
            "TOKENIZERS_PARALLELISM": "false"}
     start = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "worker", str(out_dir / "spec.json")], env=env,
-                          capture_output=True, text=True)
+    with open(out_dir / "log.txt", "w") as log:  # streamed: a slow run can be watched
+        proc = subprocess.run([sys.executable, __file__, "worker", str(out_dir / "spec.json")], env=env,
+                              stdout=log, stderr=subprocess.STDOUT)
     wall = time.perf_counter() - start
-    (out_dir / "log.txt").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
-        raise SystemExit(f"{side} run failed (log: {out_dir / 'log.txt'}):\n{proc.stderr[-3000:]}")
+        tail = (out_dir / "log.txt").read_text()[-3000:]
+        raise SystemExit(f"{side} run failed (log: {out_dir / 'log.txt'}):\n{tail}")
     result = json.loads((out_dir / "result.json").read_text())
     if len(result["steps"]) != args.steps:
         raise SystemExit(f"{side}: {len(result['steps'])} steps timed, {args.steps} expected")
