@@ -16,9 +16,13 @@ common layout of `group_size` consecutive responses per prompt, pass `group_size
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from rmkit.losses.policy_gradient import KL_ESTIMATORS
+
+AllReduceSum = Callable[[torch.Tensor], torch.Tensor]
 
 
 def consecutive_groups(num_rows: int, group_size: int, device: torch.device | None = None) -> torch.Tensor:
@@ -240,11 +244,14 @@ def response_mask(token_mask: torch.Tensor, sample_mask: torch.Tensor) -> torch.
     return torch.cat([torch.zeros_like(mask[:, :1]), mask[:, 1:]], dim=1)
 
 
-def _global_whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """`(x - mean) / sqrt(max(var, 1e-8))`, mean and biased var over `mask`'s tokens."""
-    count = mask.sum().clamp(min=1)
-    mean = (x * mask).sum() / count
-    var = ((x - mean) ** 2 * mask).sum() / count
+def _global_whiten(x: torch.Tensor, mask: torch.Tensor, all_reduce_sum: AllReduceSum | None = None) -> torch.Tensor:
+    """`(x - mean) / sqrt(max(var, 1e-8))`, mean and biased var over `mask`'s tokens; with `all_reduce_sum`
+    (data parallel) over every rank's tokens: two passes, each summing this rank's `[sum, count]` globally."""
+    reduce = all_reduce_sum or (lambda t: t)
+    total, count = reduce(torch.stack([(x * mask).sum(), mask.sum()])).unbind()
+    count = count.clamp(min=1)
+    mean = total / count
+    var = reduce(((x - mean) ** 2 * mask).sum()) / count
     return (x - mean) * var.clamp(min=1e-8).rsqrt()
 
 
@@ -260,6 +267,7 @@ def reinforce_plus_plus_advantages(
     reference_policy_kl_type: str = "k3",
     logprobs: torch.Tensor | None = None,
     reference_logprobs: torch.Tensor | None = None,
+    all_reduce_sum: AllReduceSum | None = None,
 ) -> torch.Tensor:
     """Reinforce++ advantages `[B, S]` (NeMo RL's ReinforcePlusPlusAdvantageEstimator).
 
@@ -285,7 +293,7 @@ def reinforce_plus_plus_advantages(
     if use_kl_in_reward and logprobs is not None and reference_logprobs is not None:
         adv = adv - reference_policy_kl_penalty * kl_in_reward(logprobs, reference_logprobs,
                                                                reference_policy_kl_type)
-    return _global_whiten(adv, mask.to(adv.dtype))
+    return _global_whiten(adv, mask.to(adv.dtype), all_reduce_sum)
 
 
 def raw_reward_advantages(rewards: torch.Tensor, mask: torch.Tensor, normalize_advantages: bool) -> torch.Tensor:

@@ -287,13 +287,15 @@ def _mean_over_updates(steps: list[dict]) -> dict[str, float]:
 
 
 def rollout_metrics(rollout, rewards: torch.Tensor, batch: dict, generation_s: float) -> dict[str, float]:
-    """Reward, group spread, advantages, lengths and truncation over all ranks' completions."""
+    """Reward, group spread, advantages (over the generated tokens), lengths and truncation over all ranks'
+    completions."""
     rewards_all = dist.all_gather_cat(rewards)
     groups = dist.all_gather_cat(rollout.group_index)
     lengths = dist.all_gather_cat(torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32))
     truncated = dist.all_gather_cat(rollout.truncated.float())
     adv = batch["advantages"]
-    adv_tokens = (adv[:, None].expand_as(batch["token_mask"]) if adv.dim() == 1 else adv)[batch["token_mask"] > 0]
+    adv_tokens = dist.all_gather_cat(
+        (adv[:, None].expand_as(batch["token_mask"]) if adv.dim() == 1 else adv)[batch["token_mask"] > 0])
     spread = [rewards_all[groups == g].std(unbiased=False) for g in groups.unique()]
     return {
         "train/reward": rewards_all.mean().item(),

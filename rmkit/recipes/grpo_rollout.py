@@ -137,22 +137,27 @@ def training_batch(rollout: Rollout, pad_id: int) -> dict[str, torch.Tensor]:
 
 def score_rollout(env, rollout: Rollout, step: int) -> torch.Tensor:
     """Rewards `[N]` of the conversations prompt + completion, through the reward model's own chat template.
-    A server that stays down, or a NaN reward, raises `RolloutFailed` naming the cause (or the prompt)."""
+    A server that stays down, or a NaN reward, raises `RolloutFailed` naming the cause (or the prompt) on every
+    rank: the ranks agree on a failure flag first, so no rank is left waiting in a collective for one that
+    raised."""
     from rmkit.serve.client import RewardServerError
 
     logs = [as_messages(p.prompt, "user") + [{"role": "assistant", "content": t}]
             for p, t in zip(rollout.prompts, rollout.text)]
+    rewards, failure = None, None
     try:
         rewards = env.step(logs, None).rewards.float()
     except RewardServerError as err:
-        raise RolloutFailed(f"the reward server failed at step {step + 1} ({err}); no update was applied. Check "
-                            "that `rmkit serve` is up, then continue from the last checkpoint with --resume") from None
-    bad = (~torch.isfinite(rewards)).nonzero().flatten().tolist()
-    if bad:
+        failure = (f"the reward server failed at step {step + 1} ({err}); no update was applied. Check that "
+                   "`rmkit serve` is up, then continue from the last checkpoint with --resume")
+    if rewards is not None and (bad := (~torch.isfinite(rewards)).nonzero().flatten().tolist()):
         prompt = rollout.prompts[bad[0]]
-        raise RolloutFailed(f"the reward model returned {rewards[bad[0]].item()} for a completion of the prompt at "
-                            f"{prompt.source} ({_snippet(prompt.prompt)!r}) at step {step + 1}; no update was "
-                            "applied. Check the reward model (env.reward_model) on this prompt")
+        failure = (f"the reward model returned {rewards[bad[0]].item()} for a completion of the prompt at "
+                   f"{prompt.source} ({_snippet(prompt.prompt)!r}) at step {step + 1}; no update was applied. "
+                   "Check the reward model (env.reward_model) on this prompt")
+    if dist.all_reduce(torch.tensor([float(failure is not None)]), "max").item():
+        first = next(f for f in dist.all_gather_object(failure) if f is not None)
+        raise RolloutFailed(failure or f"(in another process) {first}")
     return rewards
 
 
@@ -174,7 +179,7 @@ def compute_advantages(cfg, rewards: torch.Tensor, group_index: torch.Tensor, ba
             rewards, mask, group_index, minus_baseline=estimator.minus_baseline,
             use_kl_in_reward=loss.use_kl_in_reward, reference_policy_kl_penalty=loss.reference_policy_kl_penalty,
             reference_policy_kl_type=loss.reference_policy_kl_type, logprobs=batch.get("prev_logprobs"),
-            reference_logprobs=batch.get("reference_policy_logprobs"))
+            reference_logprobs=batch.get("reference_policy_logprobs"), all_reduce_sum=dist.all_reduce_sum)
     return clip_advantages(adv, grpo.advantage_clip_low, grpo.advantage_clip_high)
 
 

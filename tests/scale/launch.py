@@ -31,8 +31,9 @@ def start_torchrun(args: list[str], env: dict, nproc: int = 2) -> subprocess.Pop
     )
 
 
-def torchrun(args: list[str], env: dict, nproc: int = 2, timeout: float = 300) -> str:
-    """`start_torchrun`, awaited; returns its stderr. On a timeout the launcher dies together with its ranks."""
+def torchrun(args: list[str], env: dict, nproc: int = 2, timeout: float = 300, returncode: int = 0) -> str:
+    """`start_torchrun`, awaited; returns its stderr once it exits with `returncode`. On a timeout the launcher
+    dies together with its ranks."""
     proc = start_torchrun(args, env, nproc)
     try:
         _, err = proc.communicate(timeout=timeout)
@@ -40,7 +41,7 @@ def torchrun(args: list[str], env: dict, nproc: int = 2, timeout: float = 300) -
         kill_all(proc)
         _, err = proc.communicate()
         pytest.fail(f"torchrun did not finish in {timeout} s:\n{err[-5000:]}")
-    assert proc.returncode == 0, err[-5000:]
+    assert proc.returncode == returncode, err[-5000:]
     return err
 
 

@@ -1,0 +1,393 @@
+"""GRPO twice, with TRL's `GRPOTrainer` and with `rmkit grpo`, on the same policy, reward model and prompts.
+
+Matched on both sides: the policy (one HF directory, exported once from `--policy`, its generation EOS set to
+the tokenizer's so both stop on the same token), the prompts (the first `--prompts x --steps` prompts of
+hh_harmless_train.jsonl whose rendered length leaves room for the completion, as messages, so both render
+them with the policy's chat template; one epoch), G completions per prompt, `--max-new-tokens`, temperature
+(top-p 1, no top-k), one optimizer step per rollout of prompts x G completions in one micro-batch (so the
+PPO ratio is 1 and old log-probs are not needed), AdamW (lr, betas (0.9, 0.999), eps 1e-8, weight decay
+0.01), constant schedule, grad clip 1.0, beta x the k3 KL estimator to a frozen reference copy, group
+advantages (r - group mean) / group std with the unbiased std and no leave-one-out baseline, token-level
+loss normalization over the batch's tokens (TRL's `dapo`, NeMo RL's `token_level_loss`), dropout off, no
+gradient checkpointing, fp32 on CPU, `--threads` torch threads.
+
+The reward: both sides score prompt + completion as a conversation with the same code, rmkit's
+`RewardModelEnvironment` (the inference core, reading it through the reward model's own chat template, or
+its plain rendering when it has none): rmkit through `env.reward_model.model_name`, TRL through a reward
+*callable* that calls the same environment (TRL's built-in sequence-classifier path needs a chat template on
+the reward tokenizer and pads its own way).
+
+Known differences: each side shuffles the prompts and draws its samples from its own RNG (different
+rollouts); TRL divides by (std + 1e-4), rmkit by (std + 1e-6) (`rmkit.losses.advantages`); rmkit clamps the
+KL input and output (NeMo RL's 20 / 10, rarely reached) and computes the pre-update log-probs in a separate
+no-grad pass even when the ratio is 1, which TRL skips.
+
+Measured per step (each side in a fresh subprocess, in one run): seconds split into generation, reward
+scoring, log-probs (rmkit: `timing/train/policy_and_reference_logprobs`; TRL: the rest of
+`_generate_and_score_completions` after `_generate` and `_calculate_rewards`: tokenization, the reference
+pass, advantages) and training (the rest of the step: forward, backward, optimizer step); rmkit from its
+logged `timing/train/*`, TRL by wrapping those three methods and a callback at step begin / end. Generated
+tokens/s = completion tokens (rmkit `train/mean_gen_tokens_per_sample`, TRL `completions/mean_length`) /
+generation seconds; peak RSS of the subprocess. Then the held-out reward: one greedy completion per
+held-out prompt (hh_harmless_val.jsonl) from the initial and each final policy, by `rmkit.generation`,
+scored by the same environment, in this process.
+
+    python benchmarks/grpo_vs_trl.py --reward-model results/rm/final
+    python benchmarks/grpo_vs_trl.py --prompts 4 --generations 4 --max-new-tokens 32 --steps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from benchmarks import common  # noqa: E402
+
+SIDES = ("trl", "rmkit")
+PARTS = ("generation", "reward_calculation", "logprobs", "training", "total")
+RMKIT_TIMING = {"generation": "generation", "reward_calculation": "reward_calculation",
+                "logprobs": "policy_and_reference_logprobs", "training": "policy_training",
+                "total": "total_step_time"}
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policy", default="smollm2", help="a causal LM directory (GGUF too) or smollm2")
+    parser.add_argument("--reward-model", type=Path,
+                        help="an rmkit reward model directory (default: MiniLM exported with a fresh seeded head)")
+    parser.add_argument("--prompts", type=int, default=4, help="prompts per step")
+    parser.add_argument("--generations", type=int, default=4, help="G completions per prompt")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=32)
+    parser.add_argument("--max-length", type=int, default=512, help="prompt + completion tokens")
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--beta", type=float, default=0.01, help="KL coefficient (k3 estimator)")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts (0: skip)")
+    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--sides", default="trl,rmkit", help="comma list of trl, rmkit (run in this order)")
+    parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR)
+    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rmkit-bench-grpo"))
+    parser.add_argument("--output", type=Path, default=common.REPO_ROOT / "benchmarks" / "results" / "grpo_vs_trl.json")
+    args = parser.parse_args(argv)
+    args.sides = [s for s in args.sides.split(",") if s]
+    if not set(args.sides) <= set(SIDES):
+        parser.error("--sides takes trl,rmkit")
+    return args
+
+
+# ---------------------------------------------------------------- inside a training process
+
+
+def reward_callable(model_dir: str):
+    """A TRL reward function scoring with rmkit's environment, as `rmkit grpo` does (`score_rollout`)."""
+    from rmkit.env import RewardModelEnvironment
+
+    env = RewardModelEnvironment({"model_name": model_dir, "dtype": "float32", "max_batch_size": 32})
+
+    def rmkit_reward(prompts, completions, **_) -> list[float]:
+        logs = [p + [{"role": "assistant", "content": c[0]["content"]}] for p, c in zip(prompts, completions)]
+        return env.step(logs, None).rewards.float().tolist()
+
+    return rmkit_reward
+
+
+def train_trl(spec: dict) -> list[dict]:
+    """TRL's GRPOTrainer with the matched settings; per-step timings from wrapped methods and a callback."""
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    rollout = spec["prompts"] * spec["generations"]
+    prompts = [json.loads(line)["messages"] for line in Path(spec["prompts_file"]).read_text().splitlines()]
+    config = GRPOConfig(
+        output_dir=spec["out_dir"], per_device_train_batch_size=rollout, gradient_accumulation_steps=1,
+        num_generations=spec["generations"], max_completion_length=spec["max_new_tokens"],
+        temperature=spec["temperature"], top_p=1.0, top_k=0, beta=spec["beta"], epsilon=0.2, loss_type="dapo",
+        scale_rewards="group", num_iterations=1, learning_rate=spec["lr"], lr_scheduler_type="constant",
+        warmup_steps=0, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0,
+        max_steps=spec["steps"], num_train_epochs=1, disable_dropout=True, gradient_checkpointing=False,
+        bf16=False, use_cpu=True, seed=spec["seed"], logging_steps=1, report_to="none", save_strategy="no",
+        disable_tqdm=True, log_completions=False)
+    model = AutoModelForCausalLM.from_pretrained(spec["policy_dir"], dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(spec["policy_dir"])
+    trainer = GRPOTrainer(model=model, reward_funcs=reward_callable(spec["reward_model"]), args=config,
+                          train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tokenizer)
+    spent = dict.fromkeys(("generation", "reward_calculation", "generate_and_score"), 0.0)
+    for name, method in (("generation", "_generate"), ("reward_calculation", "_calculate_rewards"),
+                         ("generate_and_score", "_generate_and_score_completions")):
+        setattr(trainer, method, _timed(getattr(trainer, method), spent, name))
+    steps: list[dict] = []
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, *_, **__):
+            self.start, self.before = time.perf_counter(), dict(spent)
+
+        def on_step_end(self, *_, **__):
+            d = {k: spent[k] - self.before[k] for k in spent}
+            total = time.perf_counter() - self.start
+            steps.append({"generation": d["generation"], "reward_calculation": d["reward_calculation"],
+                          "logprobs": d["generate_and_score"] - d["generation"] - d["reward_calculation"],
+                          "training": total - d["generate_and_score"], "total": total})
+
+    trainer.add_callback(StepTimer())
+    trainer.train()
+    lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
+    for step, length in zip(steps, lengths):
+        step["generated_tokens"] = length * rollout
+    trainer.save_model(spec["model_out"])
+    tokenizer.save_pretrained(spec["model_out"])
+    return steps
+
+
+def _timed(fn, spent: dict, name: str):
+    def wrapper(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[name] += time.perf_counter() - start
+    return wrapper
+
+
+def rmkit_config(spec: dict) -> dict:
+    """The `rmkit grpo` config matching TRL's run (no validation, no checkpoints, the final policy only)."""
+    rollout = spec["prompts"] * spec["generations"]
+    return {
+        "grpo": {"num_prompts_per_step": spec["prompts"], "num_generations_per_prompt": spec["generations"],
+                 "max_num_steps": spec["steps"], "max_num_epochs": 1, "normalize_rewards": True,
+                 "use_leave_one_out_baseline": False, "val_period": 0, "val_at_start": False, "val_at_end": False,
+                 "seed": spec["seed"], "log_period": 1},
+        "loss_fn": {"reference_policy_kl_penalty": spec["beta"], "reference_policy_kl_type": "k3",
+                    "ratio_clip_min": 0.2, "ratio_clip_max": 0.2, "token_level_loss": True},
+        "policy": {"model_name": spec["policy_dir"], "train_global_batch_size": rollout,
+                   "train_micro_batch_size": rollout, "generation_batch_size": rollout,
+                   "max_total_sequence_length": spec["max_length"], "precision": "float32",
+                   "generation": {"max_new_tokens": spec["max_new_tokens"], "temperature": spec["temperature"],
+                                  "top_p": 1.0, "top_k": None},
+                   "optimizer": {"lr": spec["lr"], "weight_decay": 0.01, "betas": [0.9, 0.999], "eps": 1e-8},
+                   "scheduler": {"name": "constant", "warmup_steps": 0}, "max_grad_norm": 1.0,
+                   "num_threads": spec["threads"]},
+        "env": {"reward_model": {"model_name": spec["reward_model"], "precision": "float32", "batch_size": 32}},
+        "data": {"train_data_path": spec["prompts_file"], "val_data_paths": {}},
+        "checkpointing": {"enabled": False, "checkpoint_dir": spec["out_dir"]},
+        "logger": {"tensorboard": False, "plots": False, "progress_bar": False},
+    }
+
+
+def train_rmkit(spec: dict) -> list[dict]:
+    """`rmkit grpo` through its CLI entry point; per-step timings from its metrics.jsonl."""
+    import yaml
+
+    from rmkit.cli import main as rmkit_main
+
+    out = Path(spec["out_dir"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.yaml").write_text(yaml.safe_dump(rmkit_config(spec), sort_keys=False))
+    status = rmkit_main(["grpo", "--config", str(out / "bench.yaml")])
+    if status != 0:
+        raise SystemExit(f"rmkit grpo exited with status {status}")
+    Path(spec["model_out"]).parent.mkdir(parents=True, exist_ok=True)
+    (out / "final").rename(spec["model_out"])
+    records = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    rollout = spec["prompts"] * spec["generations"]
+    return [{**{part: r[f"timing/train/{key}"] for part, key in RMKIT_TIMING.items()},
+             "generated_tokens": r["train/mean_gen_tokens_per_sample"] * rollout}
+            for r in records if "train/reward" in r]
+
+
+def worker(spec_path: Path) -> None:
+    """One training run in this (fresh) process; writes its measurements to `spec["result_path"]`."""
+    spec = json.loads(spec_path.read_text())
+    torch.set_num_threads(spec["threads"])
+    start = time.perf_counter()
+    steps = {"trl": train_trl, "rmkit": train_rmkit}[spec["side"]](spec)
+    common.write_json(Path(spec["result_path"]), {"steps": steps, "run_s": time.perf_counter() - start,
+                                                  "peak_rss_mib": common.peak_rss_mib()})
+
+
+# ---------------------------------------------------------------- orchestration
+
+
+def export_policy_dir(name: str, destination: Path) -> Path:
+    """The policy as a plain HF directory (GGUF dequantized once), EOS of its generation config = the
+    tokenizer's, so both trainers load the same weights and stop on the same token."""
+    from rmkit.models.policy import load_policy_model
+    from rmkit.models.setup import resolve_model_name
+    from rmkit.trainer.export import save_hf_model
+
+    source = str(Path(resolve_model_name(name)).resolve())
+    marker = destination / "EXPORTED_FROM"
+    if marker.exists() and marker.read_text() == source:
+        return destination
+    model, tokenizer = load_policy_model(source)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    save_hf_model(model, tokenizer, destination)
+    marker.write_text(source)
+    return destination
+
+
+def select_prompts(path: Path, tokenizer, count: int, budget: int) -> list[list[dict]]:
+    """The first `count` prompts of `path` (as messages) whose rendered length is at most `budget` tokens."""
+    from rmkit.data.prompts import load_prompts
+    from rmkit.data.tokenize import as_messages
+    from rmkit.generation import render_prompt
+
+    chosen = []
+    for prompt in load_prompts(path).records:
+        if len(render_prompt(tokenizer, prompt.prompt)) <= budget:
+            chosen.append(as_messages(prompt.prompt, "user"))
+        if len(chosen) == count:
+            return chosen
+    raise SystemExit(f"{path}: only {len(chosen)} prompts fit in {budget} tokens, {count} needed")
+
+
+def prepare(args: argparse.Namespace) -> dict:
+    from transformers import AutoTokenizer
+
+    work = args.work_dir
+    work.mkdir(parents=True, exist_ok=True)
+    policy_dir = export_policy_dir(args.policy, work / "policy")
+    reward_model = args.reward_model or common.export_reward_model(common.minilm_path(), work / "reward_model", args.seed)
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir)
+    budget = args.max_length - args.max_new_tokens
+    train = select_prompts(args.data_dir / "hh_harmless_train.jsonl", tokenizer, args.prompts * args.steps, budget)
+    prompts_file = work / "prompts.jsonl"
+    prompts_file.write_text("".join(json.dumps({"messages": m}) + "\n" for m in train))
+    held_out = (select_prompts(args.data_dir / "hh_harmless_val.jsonl", tokenizer, args.eval_prompts, budget)
+                if args.eval_prompts else [])
+    return {"policy_dir": str(policy_dir), "reward_model": str(Path(reward_model).resolve()),
+            "prompts_file": str(prompts_file), "held_out": held_out}
+
+
+def run_side(args, data: dict, side: str) -> dict:
+    out_dir = args.work_dir / side
+    if out_dir.exists():
+        import shutil
+
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    spec = {"side": side, "prompts": args.prompts, "generations": args.generations, "steps": args.steps,
+            "max_new_tokens": args.max_new_tokens, "max_length": args.max_length, "lr": args.lr,
+            "beta": args.beta, "temperature": args.temperature, "threads": args.threads, "seed": args.seed,
+            "policy_dir": data["policy_dir"], "reward_model": data["reward_model"],
+            "prompts_file": data["prompts_file"], "out_dir": str(out_dir / "run"),
+            "model_out": str(out_dir / "model"), "result_path": str(out_dir / "result.json")}
+    (out_dir / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "PYTHONPATH": str(common.REPO_ROOT), "OMP_NUM_THREADS": str(args.threads),
+           "TOKENIZERS_PARALLELISM": "false"}
+    start = time.perf_counter()
+    with open(out_dir / "log.txt", "w") as log:  # streamed: a slow run can be watched
+        proc = subprocess.run([sys.executable, __file__, "worker", str(out_dir / "spec.json")], env=env,
+                              stdout=log, stderr=subprocess.STDOUT)
+    wall = time.perf_counter() - start
+    if proc.returncode != 0:
+        tail = (out_dir / "log.txt").read_text()[-3000:]
+        raise SystemExit(f"{side} run failed (log: {out_dir / 'log.txt'}):\n{tail}")
+    result = json.loads((out_dir / "result.json").read_text())
+    if len(result["steps"]) != args.steps:
+        raise SystemExit(f"{side}: {len(result['steps'])} steps timed, {args.steps} expected")
+    result.update(side=side, wall_s=wall, model_dir=spec["model_out"], **summarize_steps(result["steps"]))
+    print(f"{side:>5}: {result['seconds_per_step']['total']:.2f} s/step ("
+          + ", ".join(f"{p} {result['seconds_per_step'][p]:.2f}" for p in PARTS[:-1])
+          + f"), {result['generated_tokens_per_s']:.1f} generated tokens/s, rss {result['peak_rss_mib']:.0f} MiB, "
+          f"wall {wall:.1f} s", flush=True)
+    return result
+
+
+def summarize_steps(steps: list[dict]) -> dict:
+    """Mean seconds per step and per part over all steps, and generated tokens / generation seconds."""
+    mean = {p: sum(s[p] for s in steps) / len(steps) for p in PARTS}
+    tokens = sum(s["generated_tokens"] for s in steps)
+    return {"seconds_per_step": mean, "generated_tokens_per_s": tokens / sum(s["generation"] for s in steps),
+            "generated_tokens": tokens}
+
+
+@torch.no_grad()
+def held_out_reward(policy_dir: str, reward_model: str, prompts: list[list[dict]], max_new_tokens: int) -> dict:
+    """Mean reward of one greedy completion per prompt, generated by `rmkit.generation` and scored by the
+    reward environment (the same code for every policy)."""
+    from rmkit.env import RewardModelEnvironment
+    from rmkit.generation import SamplingParams, generate_completions, render_prompt
+    from rmkit.models.policy import load_policy_model
+
+    model, tokenizer = load_policy_model(policy_dir)
+    model.eval()
+    out = generate_completions(model, tokenizer, [render_prompt(tokenizer, p) for p in prompts],
+                               SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0))
+    env = RewardModelEnvironment({"model_name": reward_model, "dtype": "float32", "max_batch_size": 32})
+    rewards = env.step([p + [{"role": "assistant", "content": t}] for p, t in zip(prompts, out.text)], None).rewards
+    return {"mean": rewards.mean().item(), "std": rewards.std().item() if len(rewards) > 1 else 0.0,
+            "rewards": rewards.tolist(), "mean_tokens": sum(map(len, out.ids)) / len(out.ids)}
+
+
+def markdown_table(payload: dict) -> str:
+    head = ["side", "s/step", "generation", "scoring", "log-probs", "training", "gen tokens/s", "peak RSS (MiB)",
+            "wall (s)", "held-out reward"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    held = payload["held_out_reward"]
+    if "initial" in held:
+        lines.append("| initial policy |" + " |" * 8 + f" {held['initial']['mean']:.4f} |")
+    for r in payload["runs"]:
+        s = r["seconds_per_step"]
+        cells = [r["side"], f"{s['total']:.2f}", f"{s['generation']:.2f}", f"{s['reward_calculation']:.2f}",
+                 f"{s['logprobs']:.2f}", f"{s['training']:.2f}", f"{r['generated_tokens_per_s']:.1f}",
+                 f"{r['peak_rss_mib']:.0f}", f"{r['wall_s']:.1f}",
+                 f"{held[r['side']]['mean']:.4f}" if r["side"] in held else "-"]
+        lines.append("| " + " | ".join(cells) + " |")
+    if "ratio_trl_over_rmkit" in payload:
+        q = payload["ratio_trl_over_rmkit"]
+        lines.append(f"| **TRL / rmkit s/step** | **{q['total']:.2f}x** | {q['generation']:.2f}x | "
+                     f"{q['reward_calculation']:.2f}x | {q['logprobs']:.2f}x | {q['training']:.2f}x |" + " |" * 4)
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["worker"]:
+        worker(Path(argv[1]))
+        return 0
+    if argv[:1] == ["table"]:
+        print(markdown_table(json.loads(Path(argv[1]).read_text())))
+        return 0
+    args = parse_args(argv)
+    info = common.machine_info()
+    data = prepare(args)
+    runs = [run_side(args, data, side) for side in args.sides]
+    held = {}
+    if data["held_out"]:
+        for name, directory in [("initial", data["policy_dir"]), *[(r["side"], r["model_dir"]) for r in runs]]:
+            held[name] = held_out_reward(directory, data["reward_model"], data["held_out"], args.max_new_tokens)
+            print(f"held-out reward {name}: {held[name]['mean']:.4f}", flush=True)
+    payload = {
+        "command": "python benchmarks/grpo_vs_trl.py " + " ".join(argv),
+        "machine": {**info, "load_average_end": os.getloadavg()},
+        "workload": {"policy": args.policy, "reward_model": data["reward_model"], "prompts_per_step": args.prompts,
+                     "generations_per_prompt": args.generations, "steps": args.steps,
+                     "max_new_tokens": args.max_new_tokens, "lr": args.lr, "beta": args.beta,
+                     "temperature": args.temperature, "threads": args.threads, "precision": "fp32",
+                     "device": "cpu", "held_out_prompts": len(data["held_out"])},
+        "runs": runs,
+        "held_out_reward": held,
+    }
+    by_side = {r["side"]: r for r in runs}
+    if len(by_side) == 2:
+        payload["ratio_trl_over_rmkit"] = {p: by_side["trl"]["seconds_per_step"][p] / by_side["rmkit"]["seconds_per_step"][p]
+                                           for p in PARTS}
+    common.write_json(args.output, payload)
+    print(markdown_table(payload))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
