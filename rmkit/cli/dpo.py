@@ -5,29 +5,23 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rmkit.config import load_config
+from rmkit.cli.recipe_args import recipe_config, recipe_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="rmkit dpo",
-        description="Train a policy (causal LM) on preference pairs with DPO. Overrides use dotted keys, e.g. "
-                    "dpo.max_num_steps=20 dpo.reference_policy_kl_penalty=0.1 policy.optimizer.lr=1e-6",
+    return recipe_parser(
+        "rmkit dpo",
+        "Train a policy (causal LM) on preference pairs with DPO. Overrides use dotted keys, e.g. "
+        "dpo.max_num_steps=20 dpo.reference_policy_kl_penalty=0.1 policy.optimizer.lr=1e-6",
+        "YAML config (default: all defaults; see configs/dpo.yaml)",
     )
-    parser.add_argument("--config", help="YAML config (default: all defaults; see configs/dpo.yaml)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the newest valid checkpoint in checkpointing.checkpoint_dir "
-                             "(= checkpointing.resume=auto)")
-    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
-    return parser
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from rmkit.recipes.dpo_config import DPOTree
 
-    cfg = load_config(args.config, args.overrides + (["checkpointing.resume=auto"] if args.resume else []),
-                      tree_type=DPOTree)
+    cfg = recipe_config(args, DPOTree)
 
     from rmkit.recipes.dpo import TrainingDiverged, train  # heavy imports only once the config is valid
 

@@ -5,30 +5,24 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rmkit.config import load_config
+from rmkit.cli.recipe_args import recipe_config, recipe_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="rmkit grpo",
-        description="GRPO: optimize a policy (causal LM) against a reward model (in process or a running "
-                    "rmkit serve). Overrides use dotted keys, e.g. grpo.max_num_steps=20 "
-                    "env.reward_model.model_name=results/rm/final policy.generation.max_new_tokens=32",
+    return recipe_parser(
+        "rmkit grpo",
+        "GRPO: optimize a policy (causal LM) against a reward model (in process or a running "
+        "rmkit serve). Overrides use dotted keys, e.g. grpo.max_num_steps=20 "
+        "env.reward_model.model_name=results/rm/final policy.generation.max_new_tokens=32",
+        "YAML config (e.g. configs/grpo_rm.yaml; default: all defaults)",
     )
-    parser.add_argument("--config", help="YAML config (e.g. configs/grpo_rm.yaml; default: all defaults)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the newest valid checkpoint in checkpointing.checkpoint_dir "
-                             "(= checkpointing.resume=auto)")
-    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
-    return parser
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from rmkit.recipes.grpo_config import GRPOConfig
 
-    cfg = load_config(args.config, args.overrides + (["checkpointing.resume=auto"] if args.resume else []),
-                      tree_type=GRPOConfig)
+    cfg = recipe_config(args, GRPOConfig)
 
     from rmkit.recipes.grpo import train  # heavy imports only once the config is valid
     from rmkit.recipes.grpo_rollout import RolloutFailed

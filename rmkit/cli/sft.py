@@ -5,30 +5,24 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rmkit.config import load_config
+from rmkit.cli.recipe_args import recipe_config, recipe_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="rmkit sft",
-        description="Fine-tune a policy (any causal LM) on demonstrations: chat `messages`, prompt/response "
-                    "records or the chosen side of preference data. Overrides use dotted keys, e.g. "
-                    "policy.optimizer.lr=1e-5 sft.max_num_steps=100 data.train_data_path=demos.jsonl",
+    return recipe_parser(
+        "rmkit sft",
+        "Fine-tune a policy (any causal LM) on demonstrations: chat `messages`, prompt/response "
+        "records or the chosen side of preference data. Overrides use dotted keys, e.g. "
+        "policy.optimizer.lr=1e-5 sft.max_num_steps=100 data.train_data_path=demos.jsonl",
+        "YAML config (default: all defaults, SmolLM2 on rmkit's small preference set)",
     )
-    parser.add_argument("--config", help="YAML config (default: all defaults, SmolLM2 on rmkit's small preference set)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the newest valid checkpoint in checkpointing.checkpoint_dir "
-                             "(= checkpointing.resume=auto)")
-    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
-    return parser
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from rmkit.recipes.sft_config import SFTTree
 
-    cfg = load_config(args.config, args.overrides + (["checkpointing.resume=auto"] if args.resume else []),
-                      tree_type=SFTTree)
+    cfg = recipe_config(args, SFTTree)
 
     from rmkit.recipes.sft import TrainingDiverged, train  # heavy imports only once the config is valid
 

@@ -5,21 +5,16 @@ from __future__ import annotations
 import argparse
 import sys
 
-from rmkit.config import load_config
+from rmkit.cli.recipe_args import recipe_config, recipe_parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="rmkit train",
-        description="Train a reward model. Overrides use dotted keys, e.g. policy.optimizer.lr=1e-5 "
-                    "rm.max_num_steps=100 data.val_data_paths.hh=../shared/data/hh_harmless_val.jsonl",
+    return recipe_parser(
+        "rmkit train",
+        "Train a reward model. Overrides use dotted keys, e.g. policy.optimizer.lr=1e-5 "
+        "rm.max_num_steps=100 data.val_data_paths.hh=../shared/data/hh_harmless_val.jsonl",
+        "YAML config (default: all defaults = configs/default.yaml's run)",
     )
-    parser.add_argument("--config", help="YAML config (default: all defaults = configs/default.yaml's run)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the newest valid checkpoint in checkpointing.checkpoint_dir "
-                             "(= checkpointing.resume=auto)")
-    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
-    return parser
 
 
 def usage_text(result) -> str:
@@ -42,7 +37,7 @@ print(m(**t('Question? Answer.', return_tensors='pt')).logits)"
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    cfg = load_config(args.config, args.overrides + (["checkpointing.resume=auto"] if args.resume else []))
+    cfg = recipe_config(args)
 
     from rmkit.recipes.rm import TrainingDiverged, train  # heavy imports only once the config is valid
 

@@ -36,13 +36,9 @@ from rmkit.trainer.progress import ProgressBar, StepWindow
 from rmkit.trainer.resume import resolve_resume, restore_rng, restore_training_state, save_training_checkpoint
 from rmkit.trainer.run_data import make_sampler, resolve_data_path
 from rmkit.trainer.run_log import RunLogger, open_logger
-from rmkit.trainer.state import TrainState, seed_everything, set_threads
+from rmkit.trainer.state import TrainingDiverged, TrainState, seed_everything, set_threads
 
 SAMPLES = "samples.jsonl"
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the step that produced it was not applied."""
 
 
 @dataclass

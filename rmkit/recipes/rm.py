@@ -35,13 +35,9 @@ from rmkit.trainer.resume import (
 )
 from rmkit.trainer.run_data import item_tokens, load_run_data, make_sampler
 from rmkit.trainer.run_log import RunLogger, open_logger
-from rmkit.trainer.state import TrainState, seed_everything, set_threads
+from rmkit.trainer.state import TrainingDiverged, TrainState, seed_everything, set_threads
 from rmkit.trainer.validate import validate, validate_regression
 from rmkit.wrappers import transformers_model
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the step that produced it was not applied."""
 
 
 @dataclass

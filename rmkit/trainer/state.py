@@ -38,3 +38,7 @@ class TrainState:
     sampler: object
     step: int = 0
     epoch: int = 0
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the step that produced it was not applied (every recipe raises it)."""
