@@ -41,3 +41,17 @@ def load_policy_model(name_or_path: str | Path, dtype: torch.dtype = torch.float
     tokenizer = load_tokenizer(name_or_path, chat_template=chat_template)
     ensure_policy_pad_token(model, tokenizer)
     return model, tokenizer
+
+
+def load_training_policy(policy, device: torch.device):
+    """`(model, tokenizer)` for a recipe that trains a policy: `policy.model_name` (a `PolicyConfig`) with its
+    tokenizer options, then `prepare_model` (dropout off, freezing, LoRA adapters), on `device`, in train mode."""
+    from rmkit.models.setup import prepare_model, resolve_model_name
+
+    model, tokenizer = load_policy_model(resolve_model_name(policy.model_name), chat_template=policy.tokenizer.chat_template)
+    if policy.tokenizer.name is not None:
+        tokenizer = load_tokenizer(resolve_model_name(policy.tokenizer.name), policy.tokenizer.chat_template)
+        ensure_policy_pad_token(model, tokenizer)
+    model = prepare_model(model, policy).to(device)
+    model.train()
+    return model, tokenizer

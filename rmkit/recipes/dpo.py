@@ -23,8 +23,7 @@ from rmkit.data import load_preference_data, write_rejects
 from rmkit.data.policy_tokenize import PolicyPair, tokenize_policy_pairs
 from rmkit.errors import DataError
 from rmkit.losses.dpo import DPOLossFn
-from rmkit.models.policy import load_policy_model
-from rmkit.models.setup import prepare_model, resolve_model_name
+from rmkit.models.policy import load_training_policy
 from rmkit.recipes.dpo_config import DPOTree
 from rmkit.recipes.dpo_logprobs import PairLogits
 from rmkit.recipes.dpo_reference import reference_logprobs, weights_digest
@@ -36,7 +35,7 @@ from rmkit.trainer.progress import ProgressBar, StepWindow
 from rmkit.trainer.resume import resolve_resume, restore_rng, restore_training_state, save_training_checkpoint
 from rmkit.trainer.run_data import make_sampler, resolve_data_path
 from rmkit.trainer.run_log import RunLogger, open_logger
-from rmkit.trainer.state import TrainingDiverged, TrainState, seed_everything, set_threads
+from rmkit.trainer.state import TrainingDiverged, TrainState, seed_everything, set_threads, total_steps
 
 SAMPLES = "samples.jsonl"
 
@@ -53,21 +52,6 @@ class DPOResult:
     tokens_per_s: float = 0.0
     plots: list[Path] = field(default_factory=list)
 
-
-def load_policy(cfg: DPOTree, device: torch.device):
-    """`(model, tokenizer)`: the policy with `policy.*` applied (dropout off, freezing, LoRA adapters)."""
-    policy = cfg.policy
-    model, tokenizer = load_policy_model(resolve_model_name(policy.model_name),
-                                         chat_template=policy.tokenizer.chat_template)
-    if policy.tokenizer.name is not None:
-        from rmkit.models.policy import ensure_policy_pad_token
-        from rmkit.models.reward import load_tokenizer
-
-        tokenizer = load_tokenizer(resolve_model_name(policy.tokenizer.name), policy.tokenizer.chat_template)
-        ensure_policy_pad_token(model, tokenizer)
-    model = prepare_model(model, policy).to(device)
-    model.train()
-    return model, tokenizer
 
 
 def load_pairs(cfg: DPOTree, path: str, tokenizer, rejects_path: Path, label: str) -> list[PolicyPair]:
@@ -87,10 +71,6 @@ def load_pairs(cfg: DPOTree, path: str, tokenizer, rejects_path: Path, label: st
               file=sys.stderr)
     return tokenized.pairs
 
-
-def total_steps(cfg: DPOTree, steps_per_epoch: int) -> int:
-    steps = cfg.dpo.max_num_epochs * steps_per_epoch
-    return min(steps, cfg.dpo.max_num_steps) if cfg.dpo.max_num_steps else steps
 
 
 def run_validation(cfg: DPOTree, pair_logits: PairLogits, loss_fn, val: dict, tokenizer, logger: RunLogger,
@@ -121,7 +101,7 @@ def train(cfg: DPOTree) -> DPOResult:
         save_config(cfg, out_dir / "config.yaml")
 
     # --- policy and data (tokenized once; the prompt rendered as at generation)
-    model, tokenizer = load_policy(cfg, info.device)
+    model, tokenizer = load_training_policy(cfg.policy, info.device)
     pair_logits = PairLogits(model, tokenizer.pad_token_id, cfg.policy.precision)
     forward = dist.wrap_data_parallel(pair_logits, info)  # DDP under torchrun: one forward per backward
     train_pairs = load_pairs(cfg, cfg.data.train_data_path, tokenizer, out_dir / "rejects-train.jsonl", "train")
@@ -147,7 +127,7 @@ def train(cfg: DPOTree) -> DPOResult:
     # --- optimizer, schedule, state
     sampler = make_sampler(cfg, [pair.length for pair in train_pairs], cfg.dpo.seed)
     optimizer = build_optimizer(model, cfg.policy.optimizer)
-    steps = total_steps(cfg, len(sampler))
+    steps = total_steps(cfg.dpo, len(sampler))
     scheduler = build_scheduler(optimizer, cfg.policy.scheduler, steps)
     state = TrainState(model, optimizer, scheduler, sampler)
 

@@ -31,9 +31,7 @@ from rmkit.errors import ConfigError
 from rmkit.generation import SamplingParams
 from rmkit.losses import reduce_metrics
 from rmkit.losses.policy_gradient import ClippedPGLossFn
-from rmkit.models.policy import ensure_policy_pad_token, load_policy_model
-from rmkit.models.reward import load_tokenizer
-from rmkit.models.setup import prepare_model, resolve_model_name
+from rmkit.models.policy import load_training_policy
 from rmkit.recipes.grpo_config import GRPOConfig
 from rmkit.recipes.grpo_rollout import (
     batch_logprobs,
@@ -68,18 +66,6 @@ class GRPOResult:
     val_metrics: dict[str, float] = field(default_factory=dict)
     plots: list[Path] = field(default_factory=list)
 
-
-def load_policy(cfg: GRPOConfig, device: torch.device):
-    """`(model, tokenizer)`: the policy with `policy.*` applied (dropout off, freezing, LoRA)."""
-    policy = cfg.policy
-    model, tokenizer = load_policy_model(resolve_model_name(policy.model_name),
-                                         chat_template=policy.tokenizer.chat_template)
-    if policy.tokenizer.name is not None:
-        tokenizer = load_tokenizer(resolve_model_name(policy.tokenizer.name), policy.tokenizer.chat_template)
-        ensure_policy_pad_token(model, tokenizer)
-    model = prepare_model(model, policy).to(device)
-    model.train()
-    return model, tokenizer
 
 
 def reference_policy(cfg: GRPOConfig, model):
@@ -118,7 +104,7 @@ def train(cfg: GRPOConfig) -> GRPOResult:
         save_config(cfg, out_dir / "config.yaml")
 
     # --- policy, reference, reward environment, prompts
-    model, tokenizer = load_policy(cfg, device)
+    model, tokenizer = load_training_policy(cfg.policy, device)
     reference = reference_policy(cfg, model)
     trained = dist.wrap_data_parallel(model, info)  # DDP sums gradients over ranks (rmkit.distributed)
     env = build_environment(cfg)

@@ -35,7 +35,7 @@ from rmkit.trainer.resume import (
 )
 from rmkit.trainer.run_data import item_tokens, load_run_data, make_sampler
 from rmkit.trainer.run_log import RunLogger, open_logger
-from rmkit.trainer.state import TrainingDiverged, TrainState, seed_everything, set_threads
+from rmkit.trainer.state import TrainingDiverged, TrainState, seed_everything, set_threads, total_steps
 from rmkit.trainer.validate import validate, validate_regression
 from rmkit.wrappers import transformers_model
 
@@ -96,10 +96,6 @@ def run_validation(cfg: Config, scorer: RewardScorer, data, logger: RunLogger, s
     return metrics, rewards
 
 
-def total_steps(cfg: Config, steps_per_epoch: int) -> int:
-    steps = cfg.rm.max_num_epochs * steps_per_epoch
-    return min(steps, cfg.rm.max_num_steps) if cfg.rm.max_num_steps else steps
-
 
 def train(cfg: Config) -> TrainResult:
     """Train a reward model as `cfg` says; the final model goes to `<checkpoint_dir>/final/`."""
@@ -133,7 +129,7 @@ def train(cfg: Config) -> TrainResult:
 
     # --- optimizer, schedule, state
     optimizer = build_optimizer(model, cfg.policy.optimizer)
-    steps = total_steps(cfg, len(sampler))
+    steps = total_steps(cfg.rm, len(sampler))
     scheduler = build_scheduler(optimizer, cfg.policy.scheduler, steps)
     state = TrainState(model, optimizer, scheduler, sampler)
     step_fn = STEPS[cfg.policy.reward_model_cfg.reward_model_type]

@@ -23,9 +23,8 @@ from rmkit.data import write_rejects
 from rmkit.data.demonstrations import load_demonstrations, tokenize_demonstrations
 from rmkit.errors import DataError
 from rmkit.generation import SamplingParams, generate_completions
-from rmkit.models.policy import ensure_policy_pad_token, load_policy_model
-from rmkit.models.reward import load_tokenizer
-from rmkit.models.setup import autocast, prepare_model, resolve_model_name
+from rmkit.models.policy import load_training_policy
+from rmkit.models.setup import autocast
 from rmkit.recipes.sft_config import SFTTree
 from rmkit.recipes.sft_step import evaluate, sft_step
 from rmkit.trainer.export import export_policy
@@ -35,7 +34,7 @@ from rmkit.trainer.progress import ProgressBar, StepWindow
 from rmkit.trainer.resume import resolve_resume, restore_rng, restore_training_state, save_training_checkpoint
 from rmkit.trainer.run_data import make_sampler, resolve_data_path
 from rmkit.trainer.run_log import open_logger
-from rmkit.trainer.state import TrainingDiverged, TrainState, seed_everything, set_threads
+from rmkit.trainer.state import TrainingDiverged, TrainState, seed_everything, set_threads, total_steps
 
 
 @dataclass
@@ -50,17 +49,6 @@ class SFTResult:
     tokens_per_s: float = 0.0
     plots: list[Path] = field(default_factory=list)
 
-
-def load_model(cfg: SFTTree, device: torch.device):
-    """`(model, tokenizer)`: the policy with `policy.*`'s options applied (LoRA: adapters only)."""
-    policy = cfg.policy
-    model, tokenizer = load_policy_model(resolve_model_name(policy.model_name), chat_template=policy.tokenizer.chat_template)
-    if policy.tokenizer.name is not None:
-        tokenizer = load_tokenizer(resolve_model_name(policy.tokenizer.name), policy.tokenizer.chat_template)
-        ensure_policy_pad_token(model, tokenizer)
-    model = prepare_model(model, policy).to(device)
-    model.train()
-    return model, tokenizer
 
 
 def load_demonstration_set(cfg: SFTTree, path: str, tokenizer, rejects: Path, label: str) -> list:
@@ -131,10 +119,6 @@ def _sample_step(line: str) -> float:
         return math.inf
 
 
-def total_steps(cfg: SFTTree, steps_per_epoch: int) -> int:
-    steps = cfg.sft.max_num_epochs * steps_per_epoch
-    return min(steps, cfg.sft.max_num_steps) if cfg.sft.max_num_steps else steps
-
 
 def train(cfg: SFTTree) -> SFTResult:
     """Fine-tune a policy on demonstrations as `cfg` says; the final model goes to `<checkpoint_dir>/final/`."""
@@ -149,7 +133,7 @@ def train(cfg: SFTTree) -> SFTResult:
         save_config(cfg, out_dir / "config.yaml")
 
     # --- model and data (tokenized once)
-    model, tokenizer = load_model(cfg, device)
+    model, tokenizer = load_training_policy(cfg.policy, device)
     forward = dist.wrap_data_parallel(model, info)  # DDP under torchrun: gradients summed over ranks
     train_items = load_demonstration_set(cfg, cfg.data.train_data_path, tokenizer, out_dir / "rejects-train.jsonl", "train")
     if not train_items:
@@ -160,7 +144,7 @@ def train(cfg: SFTTree) -> SFTResult:
 
     # --- optimizer, schedule, state
     optimizer = build_optimizer(model, cfg.policy.optimizer)
-    steps = total_steps(cfg, len(sampler))
+    steps = total_steps(cfg.sft, len(sampler))
     scheduler = build_scheduler(optimizer, cfg.policy.scheduler, steps)
     state = TrainState(model, optimizer, scheduler, sampler)
 

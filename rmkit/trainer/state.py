@@ -42,3 +42,10 @@ class TrainState:
 
 class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite; the step that produced it was not applied (every recipe raises it)."""
+
+
+def total_steps(loop, steps_per_epoch: int) -> int:
+    """Optimizer steps of a run: `loop.max_num_epochs` epochs, capped by `loop.max_num_steps` when set (a recipe's
+    loop section: `rm`, `sft`, `dpo`)."""
+    steps = loop.max_num_epochs * steps_per_epoch
+    return min(steps, loop.max_num_steps) if loop.max_num_steps else steps

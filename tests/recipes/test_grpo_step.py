@@ -11,6 +11,7 @@ import torch
 from rmkit.config import load_config
 from rmkit.generation import SamplingParams, render_prompt
 from rmkit.losses.policy_gradient import ClippedPGLossFn
+from rmkit.models.policy import load_training_policy
 from rmkit.recipes import grpo
 from rmkit.recipes.grpo_config import GRPOConfig
 from rmkit.recipes.grpo_rollout import PromptItem, compute_advantages, generate_rollout, training_batch
@@ -54,7 +55,7 @@ def _grpo_advantages_by_hand(rewards, groups):
 
 def test_rollout_layout_and_group_advantages(tiny_policy):
     cfg = _cfg(tiny_policy)
-    model, tokenizer = grpo.load_policy(cfg, torch.device("cpu"))
+    model, tokenizer = load_training_policy(cfg.policy, torch.device("cpu"))
     prompts = _prompts(tokenizer, 2)
     rollout = generate_rollout(model, tokenizer, prompts, 0, 3, SamplingParams(max_new_tokens=5),
                                4, torch.Generator().manual_seed(0))
@@ -79,7 +80,7 @@ def test_rollout_layout_and_group_advantages(tiny_policy):
 
 
 def _run_steps(cfg, env, steps, generator_seed=0):
-    model, tokenizer = grpo.load_policy(cfg, torch.device("cpu"))
+    model, tokenizer = load_training_policy(cfg.policy, torch.device("cpu"))
     optimizer = build_optimizer(model, cfg.policy.optimizer)
     scheduler = build_scheduler(optimizer, cfg.policy.scheduler, 100)
     reference = grpo.reference_policy(cfg, model)
@@ -114,7 +115,7 @@ def test_reward_for_one_token_raises_its_probability(tiny_policy):
     position is clearly higher than under the initial weights."""
     cfg = _cfg(tiny_policy, "policy.optimizer.lr=2e-3", "loss_fn.reference_policy_kl_penalty=0",
                "policy.generation.max_new_tokens=3", "policy.generation.top_k=8", "policy.scheduler.name=constant")
-    model0, tokenizer = grpo.load_policy(cfg, torch.device("cpu"))
+    model0, tokenizer = load_training_policy(cfg.policy, torch.device("cpu"))
     ids = torch.tensor([_prompts(tokenizer)[0].ids])
 
     def probs(model):
