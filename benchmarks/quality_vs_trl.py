@@ -85,8 +85,10 @@ def carve_split(args: argparse.Namespace) -> tuple[Path, Path]:
 
 
 def one_run(args, train_path: Path, eval_dir: Path, files: list[str], seed: int,
-            variant: tuple[str, str, list[str]]) -> dict:
-    """One seed of one variant through train_vs_trl.py; returns its result with per-pair correctness."""
+            variant: tuple[str, str, list[str]], prepared: dict) -> dict:
+    """One seed of one variant through train_vs_trl.py; returns its result with per-pair correctness.
+    `prepared` caches train_vs_trl's `prepare` per seed (the exported backbone, the tokenized pairs, the
+    held-out pairs: the same for every variant of a seed)."""
     label, side, overrides = variant
     argv = ["--train-file", str(train_path), "--eval-dir", str(eval_dir), "--eval-files", ",".join(files),
             "--epochs", str(args.epochs), "--seed", str(seed), "--precision", "fp32", "--sides", side,
@@ -96,7 +98,9 @@ def one_run(args, train_path: Path, eval_dir: Path, files: list[str], seed: int,
     for override in overrides:
         argv += ["--rmkit-override", override]
     run_args = train_vs_trl.parse_args(argv)
-    data = train_vs_trl.prepare(run_args)
+    if seed not in prepared:
+        prepared[seed] = train_vs_trl.prepare(run_args)
+    data = prepared[seed]
     result = train_vs_trl.run_once(run_args, data, side, "fp32", 0)
     result.update(variant=label, seed=seed, overrides=overrides)
     return result
@@ -163,9 +167,10 @@ def main(argv: list[str] | None = None) -> int:
     partial = args.output.with_suffix(".partial.jsonl")  # one line per finished run: a long study survives a kill
     partial.parent.mkdir(parents=True, exist_ok=True)
     partial.write_text("")
+    prepared: dict[int, dict] = {}
     for seed in args.seeds:
         for variant in args.variants:
-            runs.append(one_run(args, train_path, eval_dir, files, seed, variant))
+            runs.append(one_run(args, train_path, eval_dir, files, seed, variant, prepared))
             with partial.open("a", encoding="utf-8") as out:
                 out.write(json.dumps(runs[-1]) + "\n")
     payload = {
