@@ -2,7 +2,7 @@
 
 A random Llama classifier of ~110M parameters (hidden 768, 12 layers, MLP 2048, vocab 32000: ~440 MB in
 float32) is built on every rank, wrapped the way `rmkit train` wraps it (DDP: `wrap_data_parallel`;
-FSDP2: the recipe's `shard_model` with `policy.dtensor_cfg.enabled`), and trained for `--steps` AdamW
+FSDP2: the recipe's `shard_reward_model` with `policy.dtensor_cfg.enabled`), and trained for `--steps` AdamW
 steps (rmkit's `build_optimizer`) on random token ids. After the last step, before the gradients are
 cleared, each rank counts the bytes of the local storage of its parameters, gradients and optimizer
 state (a DTensor counts its `to_local()` shard; storage shared by two tensors counts once), and reads
@@ -63,8 +63,8 @@ def build(mode: str, args):
 
     from rmkit import distributed as dist
     from rmkit.config import config_from_dict
-    from rmkit.recipes.rm import shard_model
     from rmkit.trainer.optim import build_optimizer
+    from rmkit.trainer.sharding import shard_reward_model
 
     info = dist.init_distributed()
     torch.manual_seed(0)
@@ -74,7 +74,7 @@ def build(mode: str, args):
     model = LlamaForSequenceClassification(config)
     cfg = config_from_dict({"policy": {"dtensor_cfg": {"enabled": mode == "fsdp2"}}})
     if mode == "fsdp2":
-        shard_model(model, cfg, info)
+        shard_reward_model(model, cfg.policy, info)
         forward = model
     else:
         forward = dist.wrap_data_parallel(model, info)

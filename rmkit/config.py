@@ -117,9 +117,15 @@ class SchedulerConfig:
     """Alternative to `warmup_steps`: a fraction of the total steps (the larger of the two wins)."""
     min_lr_ratio: float = 0.0
     """Cosine floor as a fraction of the peak."""
+    warmup_start_factor: float | None = None
+    """Multiplier of the peak at the first step, rising linearly to 1 at the end of warmup. null:
+    1/(warmup+1), so the first step already learns; 0.0: Hugging Face's schedule (TRL's), whose first
+    step has lr 0."""
 
     def __post_init__(self):
         _check(self.warmup_steps >= 0, "policy.scheduler.warmup_steps", "must be >= 0")
+        _check(self.warmup_start_factor is None or 0 <= self.warmup_start_factor <= 1,
+               "policy.scheduler.warmup_start_factor", "must be null or in [0, 1]")
         _check(0 <= self.warmup_ratio < 1, "policy.scheduler.warmup_ratio", "must be in [0, 1)")
         _check(0 <= self.min_lr_ratio <= 1, "policy.scheduler.min_lr_ratio", "must be in [0, 1]")
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from rmkit.data.tokenize import as_messages, encode_text, render_plain
+from rmkit.distributed import is_sharded
 
 
 @dataclass
@@ -85,7 +86,8 @@ def generate_completions(model, tokenizer, prompts: Sequence[Sequence[int]], par
         out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
                              max_new_tokens=params.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                              eos_token_id=tokenizer.eos_token_id, output_logits=True, return_dict_in_generate=True,
-                             **options, **_stop_options(params, tokenizer))
+                             # FSDP2: a rank that is done keeps running forwards (they all-gather) until all are
+                             synced_gpus=is_sharded(model), **options, **_stop_options(params, tokenizer))
         if generator is not None:
             generator.set_state(torch.get_rng_state())
     model.train(was_training)

@@ -35,6 +35,7 @@ from rmkit.trainer.progress import ProgressBar, StepWindow
 from rmkit.trainer.resume import resolve_resume, restore_rng, restore_training_state, save_training_checkpoint
 from rmkit.trainer.run_data import make_sampler, resolve_data_path
 from rmkit.trainer.run_log import RunLogger, open_logger
+from rmkit.trainer.sharding import gather_full_model, shard_policy
 from rmkit.trainer.state import TrainingDiverged, TrainState, seed_everything, set_threads, total_steps
 
 SAMPLES = "samples.jsonl"
@@ -82,7 +83,7 @@ def run_validation(cfg: DPOTree, pair_logits: PairLogits, loss_fn, val: dict, to
         values = validate_pairs(pair_logits, loss_fn, pairs, refs, cfg.dpo.val_micro_batch_size)
         metrics.update({f"validation-{name}/{k}": v for k, v in values.items()})
     logger.log(metrics, step)
-    if cfg.dpo.num_sample_generations and val and dist.is_main():
+    if cfg.dpo.num_sample_generations and val and (dist.is_main() or dist.is_sharded(pair_logits)):
         name, (pairs, _) = next(iter(val.items()))
         write_samples(pair_logits.model, tokenizer, pairs[:cfg.dpo.num_sample_generations], log_dir / SAMPLES,
                       step, name, cfg.dpo.sample_max_new_tokens)
@@ -102,8 +103,13 @@ def train(cfg: DPOTree) -> DPOResult:
 
     # --- policy and data (tokenized once; the prompt rendered as at generation)
     model, tokenizer = load_training_policy(cfg.policy, info.device)
+    weights = weights_digest(model)  # the reference's weights as loaded (before any sharding)
     pair_logits = PairLogits(model, tokenizer.pad_token_id, cfg.policy.precision)
-    forward = dist.wrap_data_parallel(pair_logits, info)  # DDP under torchrun: one forward per backward
+    if cfg.policy.dtensor_cfg.enabled:  # FSDP2 under torchrun: shard the model in place (gradients summed)
+        shard_policy(model, cfg.policy, info)
+        forward = pair_logits
+    else:  # DDP under torchrun: one forward per backward, gradients summed over ranks
+        forward = dist.wrap_data_parallel(pair_logits, info)
     train_pairs = load_pairs(cfg, cfg.data.train_data_path, tokenizer, out_dir / "rejects-train.jsonl", "train")
     if not train_pairs:
         raise DataError(cfg.data.train_data_path, None, None, "no usable training records")
@@ -111,7 +117,6 @@ def train(cfg: DPOTree) -> DPOResult:
                  for name, path in cfg.data.val_data_paths.items()}
 
     # --- reference log-probs: one pass before training (the initial weights), or the cached one
-    weights = weights_digest(model)
     settings = {"precision": cfg.policy.precision, "max_total_sequence_length": cfg.policy.max_total_sequence_length,
                 "overlong": cfg.data.overlong}
     cache_dir, micro = out_dir / "reference_logprobs", cfg.policy.train_micro_batch_size
@@ -207,6 +212,7 @@ def train(cfg: DPOTree) -> DPOResult:
     # --- export and plots (rank 0)
     final_dir = out_dir / "final"
     plots = []
+    model = gather_full_model(model, lambda: load_training_policy(cfg.policy, torch.device("cpu"))[0])
     if dist.is_main():
         export_policy(model, tokenizer, final_dir, cfg)
         if cfg.logger.plots:

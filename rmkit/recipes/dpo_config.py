@@ -125,8 +125,6 @@ class DPOPolicyConfig(PolicyConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        _check(not self.dtensor_cfg.enabled, "policy.dtensor_cfg.enabled",
-               "FSDP2 for rmkit dpo: not implemented yet; use DDP (torchrun without dtensor_cfg)")
         _check(not self.compile, "policy.compile", "not supported by rmkit dpo yet; set policy.compile=false")
 
 

@@ -23,6 +23,8 @@ import torch
 from rmkit import distributed as dist
 from rmkit.data.policy_tokenize import PolicyPair
 from rmkit.recipes.dpo_logprobs import PairLogits, RefLogprobs, response_logprobs
+from rmkit.recipes.dpo_step import PLACEHOLDER
+from rmkit.trainer.sharding import same_count
 
 CACHE_VERSION = 1
 
@@ -63,12 +65,13 @@ def compute_reference(pair_logits: PairLogits, pairs: Sequence[PolicyPair], micr
     was_training = model.training
     model.eval()
     results = {}
+    chunks = [mine[start:start + micro_size] for start in range(0, len(mine), micro_size)]
     with reference_context(model):
-        for start in range(0, len(mine), micro_size):
-            chunk = mine[start:start + micro_size]
-            batch = [pairs[i] for i in chunk]
+        for chunk in same_count(chunks, model):  # FSDP2: as many forwards on every rank
+            batch = [pairs[i] for i in chunk] if chunk is not None else [PLACEHOLDER]
             logits, data = pair_logits(batch)
-            results.update(zip(chunk, response_logprobs(logits, data, batch)))
+            if chunk is not None:
+                results.update(zip(chunk, response_logprobs(logits, data, batch)))
     model.train(was_training)
     for part in dist.all_gather_object(results) if dist.is_distributed() else []:
         results.update(part)

@@ -20,6 +20,7 @@ from rmkit.data.policy_tokenize import PolicyPair
 from rmkit.generation import SamplingParams, generate_completions
 from rmkit.losses.protocol import reduce_metrics
 from rmkit.recipes.dpo_logprobs import RefLogprobs, reference_tensor
+from rmkit.trainer.sharding import same_count
 
 # A one-token pair standing in for a rank's empty share of a global batch (its rows have sample_mask 0).
 PLACEHOLDER = PolicyPair([0], [0], [0], "placeholder")
@@ -42,9 +43,20 @@ def _finish(metrics_list: list[dict]) -> dict[str, torch.Tensor]:
     return out
 
 
-def _micro_batches(pairs: Sequence, refs: Sequence, size: int):
-    for start in range(0, len(pairs), size):
-        yield pairs[start:start + size], refs[start:start + size]
+def _micro_batches(pairs: Sequence, refs: Sequence, size: int, module: torch.nn.Module) -> list[tuple[list, list]]:
+    """`(pairs, reference log-probs)` micro-batches of this rank's share. A rank whose share is empty runs one
+    placeholder micro-batch (it still joins the gradient all-reduce); under FSDP2 a rank with fewer
+    micro-batches than the busiest runs placeholder ones (every forward all-gathers)."""
+    batches = [(pairs[i:i + size], refs[i:i + size]) for i in range(0, len(pairs), size)]
+    return [batch or ([PLACEHOLDER], [(torch.zeros(1), torch.zeros(1))]) for batch in same_count(batches or [None], module)]
+
+
+def _forward(forward: torch.nn.Module, batch: list[PolicyPair], batch_refs: list) -> tuple[torch.Tensor, dict]:
+    logits, data = forward(batch)
+    data["reference_policy_logprobs"] = reference_tensor(batch_refs, batch, data)
+    if batch[0] is PLACEHOLDER:
+        data["sample_mask"] = torch.zeros_like(data["sample_mask"])  # counts for nothing
+    return logits, data
 
 
 def dpo_step(forward: torch.nn.Module, loss_fn, pairs: Sequence[PolicyPair], refs: Sequence[RefLogprobs],
@@ -52,17 +64,12 @@ def dpo_step(forward: torch.nn.Module, loss_fn, pairs: Sequence[PolicyPair], ref
     """Forward and backward over this rank's `pairs` of one global batch (gradients accumulate in the
     model; the caller steps the optimizer). `forward` is a `PairLogits`, or DDP around one."""
     global_seqs, global_toks = _global_counts(pairs)
-    batches = list(_micro_batches(pairs, refs, micro_size))
-    if not batches:  # this rank's share of a short last batch is empty: it still joins the gradient all-reduce
-        batches = [([PLACEHOLDER], [(torch.zeros(1), torch.zeros(1))])]
+    batches = _micro_batches(pairs, refs, micro_size, forward)
     metrics_list = []
     for k, (batch, batch_refs) in enumerate(batches):
         # DDP reduces gradients in the last micro-batch's backward only; the others accumulate locally.
         with dist.sync_gradients(forward, k == len(batches) - 1):
-            logits, data = forward(batch)
-            data["reference_policy_logprobs"] = reference_tensor(batch_refs, batch, data)
-            if batch[0] is PLACEHOLDER:
-                data["sample_mask"] = torch.zeros_like(data["sample_mask"])  # counts for nothing
+            logits, data = _forward(forward, batch, batch_refs)
             loss, metrics = loss_fn(logits, data, global_seqs, global_toks)
             loss.backward()
         metrics_list.append(metrics)
@@ -80,26 +87,24 @@ def validate_pairs(pair_logits: torch.nn.Module, loss_fn, pairs: Sequence[Policy
     was_training = model.training
     model.eval()
     metrics_list = []
-    for batch, batch_refs in _micro_batches(local_pairs, local_refs, micro_size):
-        logits, data = pair_logits(batch)
-        data["reference_policy_logprobs"] = reference_tensor(batch_refs, batch, data)
+    for batch, batch_refs in _micro_batches(local_pairs, local_refs, micro_size, pair_logits):
+        logits, data = _forward(pair_logits, batch, batch_refs)
         metrics_list.append(loss_fn(logits, data, global_seqs, global_toks)[1])
     model.train(was_training)
-    if not metrics_list:  # this rank had no pair; it still joins the sum
-        zero = torch.zeros(())
-        metrics_list = [{k: zero for k in ("loss", "sft_loss", "preference_loss", "accuracy", "rewards_chosen_mean",
-                                           "rewards_rejected_mean", "num_valid_samples")}]
     return {k: float(v) for k, v in _finish(metrics_list).items()}
 
 
 def write_samples(model: torch.nn.Module, tokenizer, pairs: Sequence[PolicyPair], path: Path, step: int,
                   set_name: str, max_new_tokens: int) -> None:
-    """Greedy completions of the prompts of `pairs`, appended to the JSONL `path` as
-    `{"step", "set", "source", "prompt", "completion"}` (the prompt as the policy reads it)."""
+    """Greedy completions of the prompts of `pairs`, appended to the JSONL `path` by rank 0 as
+    `{"step", "set", "source", "prompt", "completion"}` (the prompt as the policy reads it). Call it on rank 0,
+    or on every rank when the model is sharded (each forward all-gathers)."""
     if not pairs:
         return
     prompts = [pair.prompt_ids for pair in pairs]
     completions = generate_completions(model, tokenizer, prompts, SamplingParams(max_new_tokens, temperature=0.0))
+    if not dist.is_main():
+        return
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("a", encoding="utf-8") as out:
         for pair, text in zip(pairs, completions.text):

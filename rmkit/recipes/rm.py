@@ -17,11 +17,10 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.config import Config, save_config
-from rmkit.errors import ConfigError
 from rmkit.inference import RewardScorer, contract_for
 from rmkit.models import load_reward_model, load_tokenizer
-from rmkit.models.reward import ensure_pad_token, uses_last_token_pooling
-from rmkit.models.setup import RewardForward, prepare_model, resolve_model_name, transformer_layers
+from rmkit.models.reward import ensure_pad_token
+from rmkit.models.setup import RewardForward, prepare_model, resolve_model_name
 from rmkit.recipes.rm_step import STEPS, ChunkedRewards
 from rmkit.trainer.export import export_model, reward_stats
 from rmkit.trainer.optim import build_optimizer, build_scheduler, optimizer_step
@@ -35,6 +34,7 @@ from rmkit.trainer.resume import (
 )
 from rmkit.trainer.run_data import item_tokens, load_run_data, make_sampler
 from rmkit.trainer.run_log import RunLogger, open_logger
+from rmkit.trainer.sharding import gather_full_model, shard_reward_model
 from rmkit.trainer.state import TrainingDiverged, TrainState, seed_everything, set_threads, total_steps
 from rmkit.trainer.validate import validate, validate_regression
 from rmkit.wrappers import transformers_model
@@ -65,23 +65,6 @@ def load_model(cfg: Config, device: torch.device):
     model = prepare_model(model, policy).to(device)
     model.train()
     return model, tokenizer
-
-
-def shard_model(model: torch.nn.Module, cfg: Config, info: dist.DistInfo) -> None:
-    """FSDP2 (`policy.dtensor_cfg`): the sharded units are what `compute_rewards` calls on their own: each
-    transformer block, the input embeddings (the loop looks them up first, `ChunkedRewards`), a decoder's
-    backbone (its final norm) and score head; then the transformers model that validation scores with
-    holds the rest (under LoRA: peft's base model, the adapters inside their blocks)."""
-    reader, dtensor = transformers_model(model), cfg.policy.dtensor_cfg
-    layers = transformer_layers(reader)
-    if layers is None:
-        raise ConfigError("policy.dtensor_cfg.enabled", f"cannot find the transformer layers of {type(reader).__name__}")
-    units = [reader.get_input_embeddings(), *layers]
-    if uses_last_token_pooling(reader):
-        units += [getattr(reader, reader.base_model_prefix), reader.score]
-    param_dtype = dtensor.param_dtype if dtensor.param_dtype != "auto" else cfg.policy.precision
-    dist.fully_shard_model(reader, units, info, dtensor.reshard_after_forward, dtensor.cpu_offload,
-                           getattr(torch, param_dtype))
 
 
 def run_validation(cfg: Config, scorer: RewardScorer, data, logger: RunLogger, step: int):
@@ -121,7 +104,7 @@ def train(cfg: Config) -> TrainResult:
         forward.compile(dynamic=True)  # in place: parameter names (and checkpoints) are unchanged
     forward = ChunkedRewards(forward)
     if cfg.policy.dtensor_cfg.enabled:  # FSDP2 under torchrun: shard the model in place (gradients summed)
-        shard_model(model, cfg, info)
+        shard_reward_model(model, cfg.policy, info)
     else:  # DDP under torchrun (gradients summed over ranks) wraps the whole chunked reward computation
         forward = dist.wrap_data_parallel(forward, info)
     data = load_run_data(cfg, tokenizer, out_dir)
@@ -204,11 +187,7 @@ def train(cfg: Config) -> TrainResult:
 
     # --- export and plots (rank 0)
     final_dir = out_dir / "final"
-    if dist.is_sharded(model):  # every rank sends its shards; rank 0 alone gets the whole model
-        state_dict = dist.full_state_dict(model)
-        if dist.is_main():
-            model = load_model(cfg, torch.device("cpu"))[0]
-            model.load_state_dict(state_dict)
+    model = gather_full_model(model, lambda: load_model(cfg, torch.device("cpu"))[0])
     if dist.is_main():
         export_model(model, tokenizer, final_dir, cfg, reward_stats(val_rewards), scorer.contract)
     plots = []

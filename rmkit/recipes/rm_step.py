@@ -16,10 +16,11 @@ import torch
 from rmkit.data.collate import pair_targets, regression_targets
 from rmkit.data.records import MISSING_LABEL
 from rmkit.data.tokenize import TokenizedExample, TokenizedPair
-from rmkit.distributed import all_reduce, all_reduce_sum, is_sharded, sync_gradients
+from rmkit.distributed import all_reduce_sum, is_sharded, sync_gradients
 from rmkit.losses import PreferenceLoss, RegressionLoss, regression_label_mask
 from rmkit.models.scoring import pad_right
 from rmkit.models.setup import autocast
+from rmkit.trainer.sharding import same_count
 
 
 def _micro_batches(items: Sequence, micro_size: int, length: Callable) -> list[list]:
@@ -120,15 +121,6 @@ def _chunk_overhead(forward: torch.nn.Module) -> float:
     return math.inf if is_sharded(forward) else CHUNK_OVERHEAD_POSITIONS
 
 
-def _same_count(micros: list, forward: torch.nn.Module) -> list:
-    # FSDP2: ranks with fewer micro-batches than the busiest get placeholder (None) ones. DDP
-    # communicates only in the last backward and needs none.
-    if not is_sharded(forward):
-        return micros
-    most = int(all_reduce(torch.tensor(len(micros)), "max"))
-    return micros + [None] * (most - len(micros))
-
-
 def _masked_out(targets: dict, placeholder: bool) -> dict:
     # Data parallelism: a rank whose share of a short last global batch is empty still runs one
     # placeholder row with sample_mask 0, so it joins the gradient all-reduce with zero gradients.
@@ -149,7 +141,7 @@ def bradley_terry_step(forward: torch.nn.Module, pairs: Sequence, micro_size: in
     loss_sum = torch.zeros((), device=device)
     accuracy = torch.zeros((), device=device)  # the loss's accuracy is already divided by the global pairs
     micros = _micro_batches(pairs, micro_size, lambda p: max(len(p.chosen_ids), len(p.rejected_ids)))
-    micros, overhead = _same_count(micros or [None], forward), _chunk_overhead(forward)
+    micros, overhead = same_count(micros or [None], forward), _chunk_overhead(forward)
     for i, micro in enumerate(micros):
         placeholder = micro is None
         micro = micro or [TokenizedPair([pad_token_id], [pad_token_id])]
@@ -175,7 +167,7 @@ def regression_step(forward: torch.nn.Module, examples: Sequence, micro_size: in
     global_valid_labels = all_reduce_sum(regression_label_mask(labels, torch.ones(len(examples))).sum().to(device))
     loss_sum = torch.zeros((), device=device)
     micros = _micro_batches(examples, micro_size, lambda e: len(e.input_ids))
-    micros, overhead = _same_count(micros or [None], forward), _chunk_overhead(forward)
+    micros, overhead = same_count(micros or [None], forward), _chunk_overhead(forward)
     for i, micro in enumerate(micros):
         placeholder = micro is None
         micro = micro or [TokenizedExample([pad_token_id], ())]

@@ -34,6 +34,7 @@ from rmkit.trainer.progress import ProgressBar, StepWindow
 from rmkit.trainer.resume import resolve_resume, restore_rng, restore_training_state, save_training_checkpoint
 from rmkit.trainer.run_data import make_sampler, resolve_data_path
 from rmkit.trainer.run_log import open_logger
+from rmkit.trainer.sharding import gather_full_model, shard_policy
 from rmkit.trainer.state import TrainingDiverged, TrainState, seed_everything, set_threads, total_steps
 
 
@@ -80,27 +81,29 @@ def run_validation(cfg: SFTTree, model, tokenizer, val: dict[str, list], logger,
                           cfg.policy.precision, device, sft.sequence_packing)
         metrics.update({f"validation-{name}/{k}": v for k, v in result.items()})
     logger.log(metrics, step)
-    if sft.num_sample_generations and dist.is_main():
+    if sft.num_sample_generations and (dist.is_main() or dist.is_sharded(model)):  # FSDP2: every rank generates
         write_samples(cfg, model, tokenizer, val, step, log_dir / "samples.jsonl")
     return metrics
 
 
 def write_samples(cfg: SFTTree, model, tokenizer, val: dict[str, list], step: int, path: Path) -> None:
-    """Greedy answers to the first `sft.num_sample_generations` prompts of each set, appended to `path`."""
+    """Greedy answers to the first `sft.num_sample_generations` prompts of each set, appended to `path` by rank 0
+    (a sharded model generates on every rank: each forward all-gathers)."""
     params = SamplingParams(max_new_tokens=cfg.sft.sample_max_new_tokens, temperature=0.0)
-    with path.open("a", encoding="utf-8") as out:
-        for name, items in val.items():
-            held_out = items[:cfg.sft.num_sample_generations]
-            if not held_out:
-                continue
-            with autocast(cfg.policy.precision, next(model.parameters()).device):
-                answers = generate_completions(model, tokenizer, [d.input_ids[:d.prompt_length] for d in held_out], params)
-            for d, completion in zip(held_out, answers.text):
-                out.write(json.dumps({"step": step, "set": name, "source": d.source,
-                                      "prompt": tokenizer.decode(d.input_ids[:d.prompt_length]),
-                                      "completion": completion,
-                                      "reference": tokenizer.decode(d.input_ids[d.prompt_length:], skip_special_tokens=True)},
-                                     ensure_ascii=False) + "\n")
+    lines = []
+    for name, items in val.items():
+        held_out = items[:cfg.sft.num_sample_generations]
+        if not held_out:
+            continue
+        with autocast(cfg.policy.precision, next(model.parameters()).device):
+            answers = generate_completions(model, tokenizer, [d.input_ids[:d.prompt_length] for d in held_out], params)
+        lines += [json.dumps({"step": step, "set": name, "source": d.source,
+                              "prompt": tokenizer.decode(d.input_ids[:d.prompt_length]), "completion": completion,
+                              "reference": tokenizer.decode(d.input_ids[d.prompt_length:], skip_special_tokens=True)},
+                             ensure_ascii=False) + "\n" for d, completion in zip(held_out, answers.text)]
+    if dist.is_main():
+        with path.open("a", encoding="utf-8") as out:
+            out.writelines(lines)
 
 
 def rewind_samples(path: Path, step: int, revalidates: bool) -> None:
@@ -134,7 +137,11 @@ def train(cfg: SFTTree) -> SFTResult:
 
     # --- model and data (tokenized once)
     model, tokenizer = load_training_policy(cfg.policy, device)
-    forward = dist.wrap_data_parallel(model, info)  # DDP under torchrun: gradients summed over ranks
+    if cfg.policy.dtensor_cfg.enabled:  # FSDP2 under torchrun: shard the model in place (gradients summed)
+        shard_policy(model, cfg.policy, info)
+        forward = model
+    else:  # DDP under torchrun: gradients summed over ranks
+        forward = dist.wrap_data_parallel(model, info)
     train_items = load_demonstration_set(cfg, cfg.data.train_data_path, tokenizer, out_dir / "rejects-train.jsonl", "train")
     if not train_items:
         raise DataError(cfg.data.train_data_path, None, None, "no usable training demonstrations")
@@ -220,6 +227,7 @@ def train(cfg: SFTTree) -> SFTResult:
     # --- export and plots (rank 0)
     final_dir = out_dir / "final"
     plots = []
+    model = gather_full_model(model, lambda: load_training_policy(cfg.policy, torch.device("cpu"))[0])
     if dist.is_main():
         export_policy(model, tokenizer, final_dir, cfg)
         if cfg.logger.plots:

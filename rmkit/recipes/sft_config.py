@@ -111,8 +111,6 @@ class SFTTree:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
     def __post_init__(self):
-        _check(not self.policy.dtensor_cfg.enabled, "policy.dtensor_cfg.enabled",
-               "FSDP2 for the SFT recipe: not implemented yet; train with DDP (torchrun) or one process")
         _check(self.policy.reward_model_cfg.reward_model_type == "bradley_terry" and self.policy.reward_model_cfg.num_labels == 1,
                "policy.reward_model_cfg", "does not apply to SFT (a policy has no reward head); remove it")
 

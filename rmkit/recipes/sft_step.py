@@ -20,6 +20,7 @@ from rmkit import distributed as dist
 from rmkit.data.policy_tokenize import DemonstrationIds
 from rmkit.losses import NLLLoss
 from rmkit.models.setup import autocast
+from rmkit.trainer.sharding import same_count
 
 
 def micro_batches(items: Sequence[DemonstrationIds], micro_size: int) -> list[list[DemonstrationIds]]:
@@ -59,6 +60,11 @@ def correct_tokens(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torc
     return (hits * batch["token_mask"][:, 1:]).sum().float()
 
 
+def _placeholder(pad_token_id: int) -> list[DemonstrationIds]:
+    """A micro-batch of one 2-token row with no trained token: it adds nothing to a loss or a count."""
+    return [DemonstrationIds([pad_token_id] * 2, [0, 0], 0)]
+
+
 def _device_batch(micro, pad_token_id: int, packed: bool, device: torch.device) -> dict[str, torch.Tensor]:
     return {k: v.to(device, non_blocking=True) for k, v in collate(micro, pad_token_id, packed).items()}
 
@@ -72,10 +78,11 @@ def sft_step(forward: torch.nn.Module, items: Sequence[DemonstrationIds], micro_
     global_valid_toks = dist.all_reduce_sum(torch.tensor(trained, device=device))
     loss_sum, correct = torch.zeros((), device=device), torch.zeros((), device=device)
     # A rank whose share of a short last global batch is empty runs one placeholder row with no trained
-    # token, so it still joins DDP's gradient all-reduce (with zero gradients).
-    micros = micro_batches(items, micro_size) or [[DemonstrationIds([pad_token_id] * 2, [0, 0], 0)]]
+    # token, so it still joins DDP's gradient all-reduce (with zero gradients); under FSDP2 a rank with fewer
+    # micro-batches than the busiest runs placeholder ones, so every rank runs as many forwards.
+    micros = same_count(micro_batches(items, micro_size) or [None], forward)
     for i, micro in enumerate(micros):
-        batch = _device_batch(micro, pad_token_id, packed, device)
+        batch = _device_batch(micro or _placeholder(pad_token_id), pad_token_id, packed, device)
         with dist.sync_gradients(forward, sync=i == len(micros) - 1):  # DDP reduces after the last one
             with autocast(precision, device):
                 logits = forward_logits(forward, batch)
@@ -96,13 +103,13 @@ def evaluate(model: torch.nn.Module, items: Sequence[DemonstrationIds], micro_si
     model.eval()
     loss_fn, start = NLLLoss(), time.perf_counter()
     sums = torch.zeros(4, device=device)  # nll, correct, trained tokens, tokens fed
-    for micro in micro_batches(dist.shard(items), micro_size):
-        batch = _device_batch(micro, pad_token_id, packed, device)
+    for micro in same_count(micro_batches(dist.shard(items), micro_size), model):
+        batch = _device_batch(micro or _placeholder(pad_token_id), pad_token_id, packed, device)
         with autocast(precision, device):
             logits = forward_logits(model, batch)
         nll, metrics = loss_fn(logits, batch, None, 1.0)  # divided by 1: the sum of the tokens' NLL
         sums += torch.stack([nll.float(), correct_tokens(logits, batch), metrics["num_unmasked_tokens"].float(),
-                             torch.tensor(float(sum(d.length for d in micro)), device=device)])
+                             torch.tensor(float(sum(d.length for d in micro or [])), device=device)])
     seconds = torch.tensor(time.perf_counter() - start, device=device)
     model.train(was_training)
     nll, correct, trained, fed = dist.all_reduce_sum(sums).tolist()

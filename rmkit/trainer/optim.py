@@ -27,7 +27,9 @@ def lr_factor(step: int, cfg: SchedulerConfig, total_steps: int) -> float:
     `min_lr_ratio` at `total_steps`, or constant."""
     warmup = max(cfg.warmup_steps, math.ceil(cfg.warmup_ratio * total_steps))
     if step < warmup:
-        return (step + 1) / (warmup + 1)
+        if cfg.warmup_start_factor is None:
+            return (step + 1) / (warmup + 1)
+        return cfg.warmup_start_factor + (1 - cfg.warmup_start_factor) * step / warmup
     if cfg.name == "constant":
         return 1.0
     progress = min(1.0, (step - warmup) / max(1, total_steps - warmup))

@@ -1,7 +1,7 @@
 """`rmkit dpo` at the edges of a run: killed with SIGKILL and resumed == uninterrupted (bitwise on CPU, one
-thread), and a 2-process torchrun DDP run == one process with the same global batch.
+thread), and a 2-process torchrun run (DDP, FSDP2, FSDP2 with LoRA) == one process with the same global batch.
 
-DDP tolerances: the two runs add the same contributions in another order (per-rank sums, then an all-reduce),
+Tolerances: the two runs add the same contributions in another order (per-rank sums, then an all-reduce),
 so they agree to float32 rounding, which Adam can amplify on near-zero gradients: metrics to 1e-5 relative
 (+1e-5 absolute: rewards are differences of sums near -200), final weights to 1e-5 absolute. Averaging instead
 of summing gradients, or local instead of global counts, is off by a factor of 2 at the first step.
@@ -92,16 +92,22 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_policy, tmp_path, ca
     assert read_metrics(out / "logs" / "samples.jsonl") == read_metrics(base / "logs" / "samples.jsonl")
 
 
-def test_ddp_two_processes_match_one(tiny_policy, tmp_path):
+PARALLEL = {"ddp": {}, "fsdp2": {"dtensor_cfg": {"enabled": True}},
+            "fsdp2_lora": {"dtensor_cfg": {"enabled": True}, "lora": {"enabled": True, "r": 4, "alpha": 8}}}
+
+
+@pytest.mark.parametrize("parallel", PARALLEL)
+def test_two_processes_match_one(tiny_policy, tmp_path, parallel):
     # 9 pairs in global batches of 4: the third batch holds one pair, so rank 1's share is empty for a step;
-    # two epochs; 5 validation pairs: the ranks validate different numbers of pairs.
+    # two epochs; 5 validation pairs: the ranks validate different numbers of pairs (2 and 1 micro-batches),
+    # and the reference pass runs 5 and 4 micro-batches (under FSDP2, rank 1 adds a placeholder).
     train, val = write_pairs(tmp_path / "train.jsonl", 9), write_pairs(tmp_path / "val.jsonl", 5, offset=40)
     runs = {}
     for nproc, micro in ((1, 2), (2, 1)):
         out = tmp_path / f"run{nproc}"
         config = write_config(tmp_path / f"c{nproc}.yaml", tiny_policy, train, val, out,
                               dpo={"max_num_steps": 6, "max_num_epochs": 2, "val_period": 3, "val_at_start": True},
-                              policy={"train_micro_batch_size": micro, "optimizer": {"lr": 3e-3}})
+                              policy={"train_micro_batch_size": micro, "optimizer": {"lr": 3e-3}, **PARALLEL[parallel]})
         if nproc == 1:
             subprocess.run([sys.executable, "-m", "rmkit", "dpo", "--config", str(config)], env=ENV, check=True,
                            capture_output=True, timeout=300)

@@ -1,5 +1,5 @@
-"""`rmkit sft` killed with SIGKILL and resumed == uninterrupted (bitwise on CPU, one thread), and a 2-process
-torchrun DDP run == one process with the same global batch.
+"""`rmkit sft` killed with SIGKILL and resumed == uninterrupted (bitwise on CPU, one thread); a 2-process
+torchrun DDP run, and a 2-process FSDP2 run, == one process with the same global batch.
 
 DDP tolerance: the ranks sum their gradient shares in another order than one process does (then an
 all-reduce), so the runs agree to float32 rounding that Adam can amplify on near-zero gradients: logged
@@ -10,6 +10,7 @@ summing gradients, or local instead of global token counts, is off by a factor o
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -121,3 +122,42 @@ def test_torchrun_two_processes_equal_one(tiny_policy, tmp_path, capsys, packing
     w1, w2 = (load_file(tmp_path / name / "final/model.safetensors") for name in ("one", "two"))
     for key in w1:
         torch.testing.assert_close(w2[key], w1[key], rtol=0, atol=1e-5)
+
+
+def assert_close(one: Path, two: Path) -> None:
+    """Logged metrics to 1e-4 relative and final weights to 1e-5 absolute (the DDP tolerances above)."""
+    m1, m2 = metrics(one), metrics(two)
+    assert [sorted(r) for r in m1] == [sorted(r) for r in m2]
+    for r1, r2 in zip(m1, m2):
+        for key in r1:
+            assert r2[key] == pytest.approx(r1[key], rel=1e-4, abs=1e-6), (key, r1["step"])
+    w1, w2 = (load_file(out / "final/model.safetensors") for out in (one, two))
+    assert w1.keys() == w2.keys()
+    for key in w1:
+        torch.testing.assert_close(w2[key], w1[key], rtol=0, atol=1e-5)
+
+
+@pytest.mark.slow  # ~40 s: one torchrun launch, two in-process runs
+@pytest.mark.parametrize("options", [[], ["sft.sequence_packing=true", "policy.lora.enabled=true"]],
+                         ids=["padded", "packed_lora"])
+def test_fsdp2_two_processes_equal_one_and_resume_on_one(tiny_policy, tmp_path, capsys, options):
+    """FSDP2 (2 gloo processes, every block sharded, tied embeddings in the root) == one process; its sharded
+    checkpoint resumed by one process (DCP reshards) ends where the 2-process run ended. Steps 5 and 10 hold
+    one demonstration (33 per epoch): rank 1's share is empty and runs a placeholder micro-batch; the 7
+    validation demonstrations split 4 / 3."""
+    fsdp = ["policy.dtensor_cfg.enabled=true", "sft.max_num_steps=8", *options]
+    one = write_config(tmp_path, tiny_policy, "one", micro=4)
+    two = write_config(tmp_path, tiny_policy, "two", micro=2)  # 4 per rank: 2 micro-batches of 2
+    rmkit_sft(capsys, "--config", one, "checkpointing.enabled=false", *fsdp)  # unsharded: no process group
+    torchrun(["-m", "rmkit", "sft", "--config", str(two), *fsdp], ENV)
+    assert_close(tmp_path / "one", tmp_path / "two")
+    assert json.loads((tmp_path / "two/step_4/manifest.json").read_text())["layout"] == "sharded"
+    samples = (tmp_path / "two/logs/samples.jsonl").read_text().splitlines()
+    assert [json.loads(s)["step"] for s in samples] == [0, 4, 8], "rank 0 alone writes the samples"
+
+    resumed = tmp_path / "resumed"
+    shutil.copytree(tmp_path / "two", resumed, ignore=shutil.ignore_patterns("final", "step_8"))
+    config = write_config(tmp_path, tiny_policy, "resumed", micro=4)
+    err = rmkit_sft(capsys, "--config", config, "--resume", *fsdp)
+    assert "saved by 2 process(es), this run has 1" in err, err[-2000:]
+    assert_close(tmp_path / "two", resumed)
