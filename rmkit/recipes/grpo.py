@@ -50,6 +50,7 @@ from rmkit.trainer.plots import plot_curves
 from rmkit.trainer.progress import ProgressBar
 from rmkit.trainer.resume import resolve_resume, restore_rng, restore_training_state, save_training_checkpoint
 from rmkit.trainer.run_log import RunLogger, open_logger
+from rmkit.trainer.sharding import gather_full_model, shard_policy
 from rmkit.trainer.state import TrainState, seed_everything, set_threads
 
 CURVES = {"reward": ["train/reward", "validation/reward_mean"], "KL to the reference": ["train/kl_penalty"],
@@ -68,15 +69,18 @@ class GRPOResult:
 
 
 
-def reference_policy(cfg: GRPOConfig, model):
+def reference_policy(cfg: GRPOConfig, model, info: dist.DistInfo):
     """A context manager factory giving the reference policy (the initial weights), or None when the loss has
     no KL term. LoRA: the same model with its adapters disabled (no second copy); else a frozen deep copy,
-    taken before any checkpoint is restored."""
+    taken before any checkpoint is restored (and before the policy is sharded), sharded like the policy
+    under FSDP2."""
     if cfg.loss_fn.reference_policy_kl_penalty == 0:
         return None
     if cfg.policy.lora.enabled:
         return lambda: model.disable_adapter()
     frozen = copy.deepcopy(model).eval().requires_grad_(False)
+    if cfg.policy.dtensor_cfg.enabled:
+        shard_policy(frozen, cfg.policy, info)
     return lambda: contextlib.nullcontext(frozen)
 
 
@@ -105,8 +109,12 @@ def train(cfg: GRPOConfig) -> GRPOResult:
 
     # --- policy, reference, reward environment, prompts
     model, tokenizer = load_training_policy(cfg.policy, device)
-    reference = reference_policy(cfg, model)
-    trained = dist.wrap_data_parallel(model, info)  # DDP sums gradients over ranks (rmkit.distributed)
+    reference = reference_policy(cfg, model, info)
+    if cfg.policy.dtensor_cfg.enabled:  # FSDP2 under torchrun: shard the model in place (gradients summed)
+        shard_policy(model, cfg.policy, info)
+        trained = model
+    else:  # DDP sums gradients over ranks (rmkit.distributed)
+        trained = dist.wrap_data_parallel(model, info)
     env = build_environment(cfg)
     train_prompts = load_prompt_set(cfg.data.train_data_path, cfg, tokenizer, out_dir / "rejects-train.jsonl", "train")
     val_prompts = [p for name, path in cfg.data.val_data_paths.items()
@@ -182,6 +190,7 @@ def train(cfg: GRPOConfig) -> GRPOResult:
     # --- export and plots (rank 0)
     final_dir = out_dir / "final"
     plots = []
+    model = gather_full_model(model, lambda: load_training_policy(cfg.policy, torch.device("cpu"))[0])
     if dist.is_main():
         export_policy(model, tokenizer, final_dir, cfg)
         if cfg.logger.plots:
@@ -302,15 +311,18 @@ def run_validation(cfg, model, tokenizer, env, prompts, params, logger: RunLogge
     generations (prompt, completion, reward) to `<log_dir>/generations/step_<N>.jsonl`."""
     if not prompts:  # no data.val_data_paths
         return {}
-    prompts = dist.shard(prompts[:cfg.grpo.max_val_samples])
+    first, prompts = prompts[0], dist.shard(prompts[:cfg.grpo.max_val_samples])
+    mine = len(prompts)
+    if dist.is_sharded(model):  # FSDP2: as many generate calls on every rank; the extra completions are dropped
+        prompts += [first] * (int(dist.all_reduce(torch.tensor(mine), "max")) - mine)
     generator = torch.Generator().manual_seed(cfg.grpo.seed + 7919 * (dist.rank() + 1))
     rollout = generate_rollout(model, tokenizer, prompts, 0, 1, params, cfg.grpo.val_batch_size, generator)
     rewards = score_rollout(env, rollout, step - 1)
     samples = [{"source": p.source, "prompt": p.prompt, "completion": t, "reward": r, "truncated": bool(c)}
-               for p, t, r, c in zip(rollout.prompts, rollout.text, rewards.tolist(), rollout.truncated)]
+               for p, t, r, c in zip(rollout.prompts, rollout.text, rewards.tolist(), rollout.truncated)][:mine]
     samples = [s for part in dist.all_gather_object(samples) for s in part]
     rewards_all = torch.tensor([s["reward"] for s in samples])
-    lengths = dist.all_gather_cat(torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32))
+    lengths = dist.all_gather_cat(torch.tensor([len(c) for c in rollout.completion_ids[:mine]], dtype=torch.float32))
     metrics = {"validation/reward_mean": rewards_all.mean().item(),
                "validation/reward_std": rewards_all.std().item() if len(samples) > 1 else 0.0,
                "validation/mean_gen_tokens_per_sample": lengths.mean().item(),

@@ -181,8 +181,6 @@ class GRPOPolicyConfig(PolicyConfig):
     def __post_init__(self):
         super().__post_init__()
         _check(self.generation_batch_size >= 1, "policy.generation_batch_size", "must be >= 1")
-        _check(not self.dtensor_cfg.enabled, "policy.dtensor_cfg.enabled",
-               "FSDP2 for rmkit grpo: not implemented yet; use DDP (torchrun without dtensor_cfg)")
         _check(not self.compile, "policy.compile", "not supported by rmkit grpo yet; set policy.compile=false")
 
 

@@ -1,4 +1,4 @@
-"""`torchrun --nproc-per-node 2 -m rmkit grpo` (gloo, CPU) against one process.
+"""`torchrun --nproc-per-node 2 -m rmkit grpo` (gloo, CPU; DDP and FSDP2) against one process.
 
 Rollouts are sampled per rank from per-rank generators, so a 2-process run is in general not the computation
 of a 1-process run. Here the sampling is made independent of the generators: `top_k: 1` draws the argmax at
@@ -51,18 +51,25 @@ def generations(out: Path) -> dict[str, list[str]]:
             for p in sorted((out / "logs" / "generations").glob("*.jsonl"))}
 
 
+# FSDP2: the policy and the frozen reference sharded; 3 validation prompts split 1 / 2 over the ranks, so
+# rank 0 generates for a repeated prompt too (FSDP2 forwards all-gather) and drops it.
+PARALLEL = {"ddp": [], "fsdp2": ["policy.dtensor_cfg.enabled=true", "grpo.max_val_samples=3"]}
+
+
 @pytest.mark.slow  # ~40 s on a busy 2-core machine (one torchrun launch importing transformers twice)
-def test_two_gloo_processes_equal_one_process(tiny_policy, tiny_reward_model, prompt_files, tmp_path):
+@pytest.mark.parametrize("parallel", PARALLEL)
+def test_two_gloo_processes_equal_one_process(tiny_policy, tiny_reward_model, prompt_files, tmp_path, parallel):
     train, val = prompt_files
     single, ddp = tmp_path / "single", tmp_path / "ddp"
-    base = grpo_overrides(tiny_policy, tiny_reward_model, train, val, single, steps=3) + DETERMINISTIC
+    base = grpo_overrides(tiny_policy, tiny_reward_model, train, val, single, steps=3) + DETERMINISTIC + PARALLEL[parallel]
     assert cli.main(["grpo", *base]) == 0
     args = [a for a in base if not a.startswith("checkpointing.checkpoint_dir=")]
     err = torchrun(["-m", "rmkit", "grpo", *args, f"checkpointing.checkpoint_dir={ddp}",
                     "policy.train_micro_batch_size=2"], ENV)  # per rank: 4 of the global 8, in 2 micro-batches
     assert err.count("rmkit: GRPO on") == 1, "only rank 0 prints"
 
-    assert generations(ddp) == generations(single) and len(generations(single)["step_0.jsonl"]) == 4
+    val_prompts = 3 if parallel == "fsdp2" else 4
+    assert generations(ddp) == generations(single) and len(generations(single)["step_0.jsonl"]) == val_prompts
     a, b = records(single), records(ddp)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3, 3]
     assert a[1]["train/reward_std"] > 0 and a[1]["train/advantages/max"] > 0  # there is something to learn

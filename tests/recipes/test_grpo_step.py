@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from rmkit.config import load_config
+from rmkit.distributed import DistInfo
 from rmkit.generation import SamplingParams, render_prompt
 from rmkit.losses.policy_gradient import ClippedPGLossFn
 from rmkit.models.policy import load_training_policy
@@ -83,7 +84,7 @@ def _run_steps(cfg, env, steps, generator_seed=0):
     model, tokenizer = load_training_policy(cfg.policy, torch.device("cpu"))
     optimizer = build_optimizer(model, cfg.policy.optimizer)
     scheduler = build_scheduler(optimizer, cfg.policy.scheduler, 100)
-    reference = grpo.reference_policy(cfg, model)
+    reference = grpo.reference_policy(cfg, model, DistInfo(0, 1, 0, torch.device("cpu")))
     loss_fn = ClippedPGLossFn(cfg.loss_fn.as_dict())
     generator = torch.Generator().manual_seed(generator_seed)
     params = SamplingParams(**vars(cfg.policy.generation))
