@@ -53,6 +53,11 @@ def init_distributed(backend: str | None = None, timeout_minutes: float = 30.0) 
     device = torch.device("cuda", local_rank) if use_cuda else torch.device("cpu")
     if world <= 1:
         return DistInfo(0, 1, 0, torch.device("cuda", 0) if use_cuda else device)
+    if use_cuda and local_rank >= torch.cuda.device_count():
+        visible = torch.cuda.device_count()
+        raise ConfigError("LOCAL_RANK", f"environment variable is {local_rank} but this node has {visible} visible CUDA device(s): start at "
+                          f"most {visible} process(es) per node (torchrun --nproc-per-node {visible}), or hide the "
+                          "GPUs (CUDA_VISIBLE_DEVICES=) to run every process on the CPU with gloo")
     for name in ("RANK", "MASTER_ADDR", "MASTER_PORT"):
         if name not in os.environ:
             raise ConfigError(name, f"WORLD_SIZE={world} but {name} is not set; launch with torchrun")

@@ -115,10 +115,12 @@ def length_grouped_rewards(rewards: torch.nn.Module, rows: Sequence[Sequence[int
     return rewards(chunks, inverse.to(device, non_blocking=True))
 
 
-def _chunk_overhead(forward: torch.nn.Module) -> float:
+def _chunk_overhead(forward: torch.nn.Module, device: torch.device) -> float:
     # Under FSDP2 every forward and backward all-gathers each block's parameters, so every rank must run
     # as many forwards: one chunk per micro-batch (an infinite per-chunk cost), as many micro-batches.
-    return math.inf if is_sharded(forward) else CHUNK_OVERHEAD_POSITIONS
+    # On a GPU a forward's fixed cost (kernel launches) dwarfs padded positions: one padded forward per
+    # micro-batch trained MiniLM 2.8x faster in float32 and 6.4x in bf16 on an H100 than CPU-planned chunks.
+    return math.inf if is_sharded(forward) or device.type != "cpu" else CHUNK_OVERHEAD_POSITIONS
 
 
 def _masked_out(targets: dict, placeholder: bool) -> dict:
@@ -141,7 +143,7 @@ def bradley_terry_step(forward: torch.nn.Module, pairs: Sequence, micro_size: in
     loss_sum = torch.zeros((), device=device)
     accuracy = torch.zeros((), device=device)  # the loss's accuracy is already divided by the global pairs
     micros = _micro_batches(pairs, micro_size, lambda p: max(len(p.chosen_ids), len(p.rejected_ids)))
-    micros, overhead = same_count(micros or [None], forward), _chunk_overhead(forward)
+    micros, overhead = same_count(micros or [None], forward), _chunk_overhead(forward, device)
     for i, micro in enumerate(micros):
         placeholder = micro is None
         micro = micro or [TokenizedPair([pad_token_id], [pad_token_id])]
@@ -167,7 +169,7 @@ def regression_step(forward: torch.nn.Module, examples: Sequence, micro_size: in
     global_valid_labels = all_reduce_sum(regression_label_mask(labels, torch.ones(len(examples))).sum().to(device))
     loss_sum = torch.zeros((), device=device)
     micros = _micro_batches(examples, micro_size, lambda e: len(e.input_ids))
-    micros, overhead = same_count(micros or [None], forward), _chunk_overhead(forward)
+    micros, overhead = same_count(micros or [None], forward), _chunk_overhead(forward, device)
     for i, micro in enumerate(micros):
         placeholder = micro is None
         micro = micro or [TokenizedExample([pad_token_id], ())]

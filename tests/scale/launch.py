@@ -26,6 +26,7 @@ def start_torchrun(args: list[str], env: dict, nproc: int = 2) -> subprocess.Pop
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
         "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *args,
     ]  # fmt: skip
+    env = {**env, "CUDA_VISIBLE_DEVICES": ""}  # gloo processes on the CPU, also where a GPU is visible
     return subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )

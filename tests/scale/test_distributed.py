@@ -36,6 +36,20 @@ def test_missing_rendezvous_variable_is_a_config_error(monkeypatch):
         dist.init_distributed()
 
 
+def test_more_processes_than_gpus_is_a_config_error(monkeypatch):
+    """torchrun --nproc-per-node 2 on a one-GPU node: an error naming LOCAL_RANK and what to do, not CUDA's
+    'invalid device ordinal' traceback (seen on a one-H100 machine)."""
+    from rmkit.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for name, value in {"WORLD_SIZE": "2", "LOCAL_RANK": "1", "RANK": "1", "MASTER_ADDR": "127.0.0.1",
+                        "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=r"LOCAL_RANK.*1 visible CUDA device.*--nproc-per-node 1.*CUDA_VISIBLE_DEVICES"):
+        dist.init_distributed()
+
+
 @pytest.mark.parametrize("n,world", [(5, 2), (8, 2), (1, 2), (7, 3), (0, 2)])
 def test_shard_covers_every_item_once(n, world):
     items = list(range(n))
