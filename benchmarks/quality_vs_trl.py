@@ -14,6 +14,12 @@ standard error. The issue's bar: rmkit's mean is not below TRL's by more than th
     python benchmarks/quality_vs_trl.py                                  # trl, rmkit, rmkit with random batches
     python benchmarks/quality_vs_trl.py --variants trl,rmkit,per_text:data.pair_truncation=per_text
     python benchmarks/quality_vs_trl.py --final                          # also hh_harmless_val.jsonl, once, at the end
+    python benchmarks/quality_vs_trl.py --variants trl,rmkit,X:KEY=VALUE --reuse earlier.json  # only X's runs train
+
+`--reuse FILE` (a results JSON or its .partial.jsonl) takes the runs of the same variant (label and
+overrides), seed and scored files from an earlier study instead of training them again: a run is
+deterministic given its seed (the same accuracies came back in studies days apart), so only its timing
+would differ, and the reused runs' pairs/s are those of the earlier machine state.
 
 A variant is `trl`, `rmkit`, or `LABEL:KEY=VALUE[+KEY=VALUE...]`: rmkit with those config overrides.
 """
@@ -48,6 +54,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rmkit-quality"))
+    parser.add_argument("--reuse", type=Path, help="an earlier results JSON or .partial.jsonl whose matching runs are kept")
     parser.add_argument("--output", type=Path, default=common.REPO_ROOT / "benchmarks" / "results" / "quality_vs_trl.json")
     args = parser.parse_args(argv)
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
@@ -104,6 +111,17 @@ def one_run(args, train_path: Path, eval_dir: Path, files: list[str], seed: int,
     result = train_vs_trl.run_once(run_args, data, side, "fp32", 0)
     result.update(variant=label, seed=seed, overrides=overrides)
     return result
+
+
+def reusable_runs(path: Path | None, files: list[str]) -> dict[tuple, dict]:
+    """Finished runs of an earlier study by `(variant label, overrides, seed)`; only those scored on every
+    one of `files`."""
+    if path is None:
+        return {}
+    text = path.read_text(encoding="utf-8")
+    runs = json.loads(text)["runs"] if path.suffix == ".json" else [json.loads(line) for line in text.splitlines() if line]
+    return {(r["variant"], tuple(r["overrides"]), r["seed"]): {**r, "reused_from": str(path)} for r in runs
+            if all(f"correct/{name}" in r for name in files)}
 
 
 def paired(mine: list[list[int]], theirs: list[list[int]]) -> dict:
@@ -168,9 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     partial.parent.mkdir(parents=True, exist_ok=True)
     partial.write_text("")
     prepared: dict[int, dict] = {}
+    earlier = reusable_runs(args.reuse, files)
     for seed in args.seeds:
         for variant in args.variants:
-            runs.append(one_run(args, train_path, eval_dir, files, seed, variant, prepared))
+            label, _, overrides = variant
+            reused = earlier.get((label, tuple(overrides), seed))
+            runs.append(reused or one_run(args, train_path, eval_dir, files, seed, variant, prepared))
             with partial.open("a", encoding="utf-8") as out:
                 out.write(json.dumps(runs[-1]) + "\n")
     payload = {

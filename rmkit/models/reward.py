@@ -129,6 +129,8 @@ def compute_rewards(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor,
     inputs_embeds: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    read_at: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Rewards `[B, K]` in float32 for right-padded `input_ids` / `attention_mask` `[B, S]`.
 
@@ -137,14 +139,21 @@ def compute_rewards(
     model's last layer computed at the pooled [CLS] position only (`first_token_last_layer`). `inputs_embeds`
     `[B, S, H]`, when given, are the word embeddings of `input_ids`, already looked up (the model
     then skips its own lookup; positions and token types are added as usual).
+
+    Decoders also take rows that hold several sequences (`rmkit.models.shared_prefix`: a 4D
+    `attention_mask`, `position_ids`): `read_at = (row [R], position [R])` names each sequence's last token,
+    and the rewards are `[R, K]`, one per sequence.
     """
     inputs = {"input_ids": input_ids} if inputs_embeds is None else {"inputs_embeds": inputs_embeds}
     if not uses_last_token_pooling(model):
+        if read_at is not None:
+            raise ValueError(f"{type(model).__name__} pools its own [CLS] token: rows of several sequences need a decoder")
         with first_token_last_layer(model):
             return model(**inputs, attention_mask=attention_mask).logits.float()
     backbone = getattr(model, model.base_model_prefix)
-    hidden = backbone(**inputs, attention_mask=attention_mask).last_hidden_state
-    positions = torch.arange(input_ids.shape[1], device=input_ids.device)
-    last = (positions * attention_mask.to(positions.dtype)).argmax(dim=1)
-    last_hidden = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]
-    return model.score(last_hidden).float()
+    hidden = backbone(**inputs, attention_mask=attention_mask, position_ids=position_ids).last_hidden_state
+    if read_at is None:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        last = (positions * attention_mask.to(positions.dtype)).argmax(dim=1)
+        read_at = (torch.arange(hidden.shape[0], device=hidden.device), last)
+    return model.score(hidden[read_at]).float()

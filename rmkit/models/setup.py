@@ -155,7 +155,7 @@ class RewardForward(torch.nn.Module):
 
     One padded batch's reward computation as a module, so that `torch.compile` (in place) sees all of it;
     `self.model` is the trained model (peft or plain). The training loop runs it once per chunk of rows
-    inside `rmkit.recipes.rm_step.ChunkedRewards`, the module DDP wraps.
+    inside `rmkit.recipes.rm_step.ChunkedRewards` (or `SharedPromptRewards`), the module DDP wraps.
     """
 
     def __init__(self, model: torch.nn.Module):
@@ -163,9 +163,11 @@ class RewardForward(torch.nn.Module):
         self.model = model
 
     def forward(
-        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, inputs_embeds: torch.Tensor | None = None
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, inputs_embeds: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None, read_at: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        return compute_rewards(transformers_model(self.model), input_ids, attention_mask, inputs_embeds)
+        return compute_rewards(transformers_model(self.model), input_ids, attention_mask, inputs_embeds, position_ids,
+                               read_at)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """The model's word embeddings of `input_ids` (any shape), as its forward would look them up."""

@@ -11,6 +11,8 @@ within float rounding, while the prompt's tokens go through the model once inste
 `shared_prefix_logits` returns the logits laid out as the unshared rows would give them (one row per
 continuation, `[prompt, cont_k]`, right-padded), so a caller swaps it in for a plain forward and changes
 nothing else. The mask is a 4D `[B, 1, L, L]` mask, which transformers passes to attention unchanged.
+A decoder reward model reads each continuation's reward at its last token: `packed_inputs` and
+`continuation_ends` give what its forward takes and where to read (`rmkit.models.reward.compute_rewards`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+from rmkit.wrappers import transformers_model
 
 Group = tuple[Sequence[int], Sequence[Sequence[int]]]  # (prompt ids, [continuation ids, ...])
 
@@ -72,16 +76,39 @@ def _unshared_index(groups: Sequence[Group]) -> tuple[torch.Tensor, torch.Tensor
     return torch.tensor(rows, dtype=torch.long), index, width
 
 
+def packed_inputs(model: torch.nn.Module, groups: Sequence[Group], pad_token_id: int) -> dict[str, torch.Tensor]:
+    """`input_ids`, `attention_mask` (4D, in the form `model`'s attention takes) and `position_ids` of the shared
+    rows, on `model`'s device: the keyword arguments of a transformers decoder's forward. `model` is a
+    transformers decoder or anything wrapping one (DDP, peft)."""
+    device = next(model.parameters()).device
+    input_ids, position_ids, segment = (t.to(device) for t in _packed(groups, pad_token_id))
+    mask = shared_prefix_mask(segment)
+    config = getattr(transformers_model(model), "config", None)  # under DDP the config is the inner model's
+    if getattr(config, "_attn_implementation", "sdpa") != "sdpa":  # eager attention adds a float mask
+        mask = torch.zeros(mask.shape, dtype=torch.float32, device=device).masked_fill(~mask, torch.finfo(torch.float32).min)
+    return {"input_ids": input_ids, "attention_mask": mask, "position_ids": position_ids}
+
+
+def continuation_ends(groups: Sequence[Group]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(row [R], position [R])`: where in the shared rows each continuation's last token sits, group by group
+    in order; the position of the unshared row `[prompt, cont_k]`'s last token. Every continuation must hold
+    at least one token (an empty one would point at its neighbour's)."""
+    rows, positions = [], []
+    for b, (prompt, conts) in enumerate(groups):
+        end = len(prompt)
+        for cont in conts:
+            if not cont:
+                raise ValueError(f"group {b}: an empty continuation has no last token of its own")
+            end += len(cont)
+            rows.append(b)
+            positions.append(end - 1)
+    return torch.tensor(rows, dtype=torch.long), torch.tensor(positions, dtype=torch.long)
+
+
 def shared_prefix_logits(model: torch.nn.Module, groups: Sequence[Group], pad_token_id: int) -> torch.Tensor:
     """Next-token logits `[R, S, V]` of the R = sum K unshared rows `[prompt, cont_k]` (group by group, in
     order; right-padded to S, the longest), computed with each prompt once. `model` is a causal LM (plain,
     DDP-unwrapped or peft). Values at padding positions are arbitrary: callers mask them, as for any padding."""
-    device = next(model.parameters()).device
-    input_ids, position_ids, segment = (t.to(device) for t in _packed(groups, pad_token_id))
-    mask = shared_prefix_mask(segment)
-    config = getattr(model, "config", None)
-    if getattr(config, "_attn_implementation", "sdpa") != "sdpa":  # eager attention adds a float mask
-        mask = torch.zeros(mask.shape, dtype=torch.float32, device=device).masked_fill(~mask, torch.finfo(torch.float32).min)
-    logits = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids, use_cache=False).logits
+    logits = model(**packed_inputs(model, groups, pad_token_id), use_cache=False).logits
     rows, index, _ = _unshared_index(groups)
-    return logits[rows.to(device)[:, None], index.to(device)]
+    return logits[rows.to(logits.device)[:, None], index.to(logits.device)]

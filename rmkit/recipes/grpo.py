@@ -7,7 +7,9 @@ export. One step, as NeMo RL's `grpo_train` does it:
    template;
 3. advantages per prompt group (`rmkit.losses.advantages`), groups named by prompt index;
 4. `prev_logprobs` (the policy before the update) and, with `reference_policy_kl_penalty > 0`, the
-   reference's (the initial weights: a frozen copy, or the base model with the LoRA adapters disabled);
+   reference's (the initial weights: a frozen copy, or the base model with the LoRA adapters disabled).
+   With one optimizer step per rollout the policy that generated is the one being trained, so
+   `prev_logprobs` are taken from the training forward itself (detached) instead of a pass of their own;
 5. the update: `ClippedPGLossFn` over micro-batches with global-count normalization, one optimizer step per
    `train_global_batch_size` completions (several per rollout: then the ratio and clipping matter).
 """
@@ -40,6 +42,7 @@ from rmkit.recipes.grpo_rollout import (
     generate_rollout,
     load_prompt_set,
     policy_logits,
+    row_logprobs,
     score_rollout,
     slice_rows,
     training_batch,
@@ -211,8 +214,9 @@ def grpo_step(cfg, model, trained, tokenizer, env, reference, loss_fn, optimizer
     rewards = score_rollout(env, rollout, step)
     timing["reward_calculation"], t0 = time.perf_counter() - t0, time.perf_counter()
     batch = training_batch(rollout, tokenizer.pad_token_id)
-    batch["prev_logprobs"] = batch_logprobs(model, batch, policy.train_micro_batch_size,
-                                            params.temperature, policy.precision)
+    if needs_prev_logprobs_pass(cfg, len(batch["input_ids"])):  # else update_policy takes them on the way
+        batch["prev_logprobs"] = batch_logprobs(model, batch, policy.train_micro_batch_size,
+                                                params.temperature, policy.precision)
     if reference is not None:
         with reference() as ref_model:
             batch["reference_policy_logprobs"] = batch_logprobs(model if ref_model is None else ref_model, batch, policy.train_micro_batch_size,
@@ -226,10 +230,22 @@ def grpo_step(cfg, model, trained, tokenizer, env, reference, loss_fn, optimizer
     return {**metrics, **{f"timing/train/{k}": v for k, v in timing.items()}}
 
 
+def needs_prev_logprobs_pass(cfg, rows: int) -> bool:
+    """Whether `prev_logprobs` need a forward pass of their own before the update: when the rollout's `rows`
+    (this rank's) make several optimizer steps, the later ones train a policy that has moved; and when
+    Reinforce++ puts the KL in the reward, the advantages need them first. Otherwise the training forward
+    gives them (the same weights, the same micro-batches): the ratio is exactly 1, as NeMo RL's separate pass
+    gives it up to rounding."""
+    several_updates = rows > cfg.policy.train_global_batch_size // dist.world_size()
+    kl_in_reward = cfg.grpo.adv_estimator.name != "grpo" and cfg.loss_fn.use_kl_in_reward
+    return several_updates or kl_in_reward
+
+
 def update_policy(cfg, model, trained, batch, loss_fn, optimizer, scheduler, temperature) -> dict[str, float]:
     """Optimizer steps over the rollout, `train_global_batch_size` completions each (this rank: its share),
     split into micro-batches whose losses are divided by the global counts; loss metrics averaged over the
-    optimizer steps (min / max reduced)."""
+    optimizer steps (min / max reduced). Without `prev_logprobs` in `batch` (one step per rollout), each
+    micro-batch's come from its own training forward."""
     policy, device, world = cfg.policy, next(model.parameters()).device, dist.world_size()
     per_rank, micro = policy.train_global_batch_size // world, policy.train_micro_batch_size
     steps = []
@@ -243,6 +259,8 @@ def update_policy(cfg, model, trained, batch, loss_fn, optimizer, scheduler, tem
             mb = slice_rows(rows, m, m + micro, device)
             with dist.sync_gradients(trained, m + micro >= per_rank):
                 logits = policy_logits(trained, mb, temperature, policy.precision)
+                if "prev_logprobs" not in mb:
+                    mb["prev_logprobs"] = row_logprobs(logits, mb["input_ids"])
                 loss, metrics = loss_fn(logits, mb, gvs, gvt)
                 loss.backward()
             metrics["clipped_fraction"] = clipped_fraction(cfg, logits.detach(), mb, gvt)

@@ -4,7 +4,8 @@ environment, advantages per prompt group, and per-token log-probs of a batch.
 Tensors follow docs/design.md: right-padded rows `[B, S]` of prompt + completion; per-token tensors
 (`generation_logprobs`, `prev_logprobs`, `reference_policy_logprobs`) aligned with `input_ids` (position t
 holds log p(input_ids[t] | input_ids[:t]), 0 at the prompt); `token_mask` 1 on generated tokens only;
-`sample_mask` `[B]`.
+`sample_mask` `[B]`; `prompt_length` and `group_index` `[B]` (the rows of one prompt's completions are
+consecutive and share its group index).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from rmkit.generation import SamplingParams, generate_completions, render_prompt
 from rmkit.losses.advantages import clip_advantages, grpo_group_advantages, reinforce_plus_plus_advantages
 from rmkit.losses.logprobs import next_token_logprobs
 from rmkit.models.setup import autocast, resolve_model_name
+from rmkit.models.shared_prefix import Group, shared_prefix_logits
 from rmkit.trainer.run_data import resolve_data_path
 
 
@@ -125,7 +127,9 @@ def training_batch(rollout: Rollout, pad_id: int) -> dict[str, torch.Tensor]:
              "attention_mask": torch.zeros((n, width), dtype=torch.long),
              "token_mask": torch.zeros((n, width), dtype=torch.float32),
              "generation_logprobs": torch.zeros((n, width), dtype=torch.float32),
-             "sample_mask": torch.ones(n, dtype=torch.float32)}
+             "sample_mask": torch.ones(n, dtype=torch.float32),
+             "prompt_length": torch.tensor([len(p.ids) for p in rollout.prompts], dtype=torch.long),
+             "group_index": rollout.group_index.clone()}
     for row, (prompt, completion, logprobs) in enumerate(zip(rollout.prompts, rollout.completion_ids, rollout.logprobs)):
         p, length = len(prompt.ids), lengths[row]
         batch["input_ids"][row, :length] = torch.tensor(prompt.ids + completion, dtype=torch.long)
@@ -185,11 +189,27 @@ def compute_advantages(cfg, rewards: torch.Tensor, group_index: torch.Tensor, ba
 
 def policy_logits(model, batch: dict, temperature: float, precision: str) -> torch.Tensor:
     """`[B, S, V]` logits of the rows divided by the sampling temperature: the distribution the rollouts were
-    drawn from, so training log-probs compare with the generation log-probs."""
+    drawn from, so training log-probs compare with the generation log-probs. The completions of one prompt
+    share it: each group's rows run as one row with the prompt computed once (`rmkit.models.shared_prefix`),
+    the logits returned in the rows' layout (equal to a plain forward's within float rounding)."""
     device = batch["input_ids"].device
     with autocast(precision, device):
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logits = shared_prefix_logits(model, prompt_groups(batch), pad_token_id=0)  # padding is masked: any id
     return logits / temperature if temperature != 1.0 else logits
+
+
+def prompt_groups(batch: dict) -> list[Group]:
+    """The rows as `(prompt ids, [completion ids, ...])`, one group per run of consecutive rows with the same
+    `group_index`, in row order."""
+    groups: list[Group] = []
+    lengths = batch["attention_mask"].sum(1).tolist()
+    for row, (ids, start, length, group) in enumerate(zip(batch["input_ids"].tolist(), batch["prompt_length"].tolist(),
+                                                          lengths, batch["group_index"].tolist())):
+        if row and group == batch["group_index"][row - 1]:
+            groups[-1][1].append(ids[start:length])
+        else:
+            groups.append((ids[:start], [ids[start:length]]))
+    return groups
 
 
 @torch.no_grad()
@@ -200,8 +220,16 @@ def batch_logprobs(model, batch: dict, micro_batch_size: int, temperature: float
     for start in range(0, len(out), micro_batch_size):
         micro = slice_rows(batch, start, start + micro_batch_size, device)
         logits = policy_logits(model, micro, temperature, precision)
-        out[start:start + micro_batch_size, 1:micro["input_ids"].shape[1]] = next_token_logprobs(
-            logits, micro["input_ids"]).float().cpu()
+        out[start:start + micro_batch_size, :micro["input_ids"].shape[1]] = row_logprobs(logits, micro["input_ids"]).cpu()
+    return out
+
+
+@torch.no_grad()
+def row_logprobs(logits: torch.Tensor, input_ids: torch.Tensor) -> torch.Tensor:
+    """`[B, S]` float32 log-probs of `input_ids` under `logits` `[B, S, V]`, aligned with input_ids (0 at
+    position 0): the layout of `prev_logprobs` and `reference_policy_logprobs`."""
+    out = torch.zeros(input_ids.shape, dtype=torch.float32, device=logits.device)
+    out[:, 1:] = next_token_logprobs(logits, input_ids).float()
     return out
 
 

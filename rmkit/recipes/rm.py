@@ -19,9 +19,9 @@ from rmkit import distributed as dist
 from rmkit.config import Config, save_config
 from rmkit.inference import RewardScorer, contract_for
 from rmkit.models import load_reward_model, load_tokenizer
-from rmkit.models.reward import ensure_pad_token
+from rmkit.models.reward import ensure_pad_token, uses_last_token_pooling
 from rmkit.models.setup import RewardForward, prepare_model, resolve_model_name
-from rmkit.recipes.rm_step import STEPS, ChunkedRewards
+from rmkit.recipes.rm_step import STEPS, ChunkedRewards, SharedPromptRewards
 from rmkit.trainer.export import export_model, reward_stats
 from rmkit.trainer.optim import build_optimizer, build_scheduler, optimizer_step
 from rmkit.trainer.plots import plot_reward_histograms, plot_training_curves
@@ -102,7 +102,12 @@ def train(cfg: Config) -> TrainResult:
     forward = RewardForward(model)
     if cfg.policy.compile:
         forward.compile(dynamic=True)  # in place: parameter names (and checkpoints) are unchanged
-    forward = ChunkedRewards(forward)
+    # A decoder's pairs run as one row each, their shared prompt computed once; encoders (and regression
+    # rows, which have no partner) in length-planned chunks of padded rows.
+    if uses_last_token_pooling(reader) and cfg.policy.reward_model_cfg.reward_model_type == "bradley_terry":
+        forward = SharedPromptRewards(forward, tokenizer.pad_token_id)
+    else:
+        forward = ChunkedRewards(forward)
     if cfg.policy.dtensor_cfg.enabled:  # FSDP2 under torchrun: shard the model in place (gradients summed)
         shard_reward_model(model, cfg.policy, info)
     else:  # DDP under torchrun (gradients summed over ranks) wraps the whole chunked reward computation

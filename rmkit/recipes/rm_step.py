@@ -20,7 +20,9 @@ from rmkit.distributed import all_reduce_sum, is_sharded, sync_gradients
 from rmkit.losses import PreferenceLoss, RegressionLoss, regression_label_mask
 from rmkit.models.scoring import pad_right
 from rmkit.models.setup import autocast
+from rmkit.models.shared_prefix import Group, continuation_ends, packed_inputs
 from rmkit.trainer.sharding import same_count
+from rmkit.wrappers import unwrap_model
 
 
 def _micro_batches(items: Sequence, micro_size: int, length: Callable) -> list[list]:
@@ -86,6 +88,41 @@ class ChunkedRewards(torch.nn.Module):
         return torch.cat(pieces)[inverse]
 
 
+class SharedPromptRewards(torch.nn.Module):
+    """`forward(groups) -> rewards [R, K]` of groups `(prompt ids, [continuation ids, ...])` through a decoder
+    reward model, each group one row with its prompt computed once (`rmkit.models.shared_prefix`); the
+    rewards come in continuation order, each equal to that of the unshared row `[prompt, continuation]`
+    within float rounding. For decoder pairs it stands where `ChunkedRewards` stands for encoders: the module
+    the loop calls and DDP wraps. `reward_forward` is a `RewardForward` (compiled in place or not)."""
+
+    def __init__(self, reward_forward: torch.nn.Module, pad_token_id: int):
+        super().__init__()
+        self.reward_forward = reward_forward
+        self.pad_token_id = pad_token_id
+
+    def forward(self, groups: Sequence[Group]) -> torch.Tensor:
+        inputs = packed_inputs(self.reward_forward.model, groups, self.pad_token_id)
+        device = inputs["input_ids"].device
+        read_at = tuple(t.to(device, non_blocking=True) for t in continuation_ends(groups))
+        return self.reward_forward(inputs["input_ids"], inputs["attention_mask"], position_ids=inputs["position_ids"],
+                                   read_at=read_at)
+
+
+def pair_groups(pairs: Sequence[TokenizedPair]) -> list[Group]:
+    """Each pair as `(the tokens both sides begin with, [chosen's rest, rejected's rest])`. The shared part is
+    the common token prefix (the prompt, under `data.pair_truncation: shared_prompt`), stopped one token short
+    of the shorter side so each rest keeps the token its reward is read at."""
+    groups = []
+    for pair in pairs:
+        chosen, rejected = pair.chosen_ids, pair.rejected_ids
+        limit = min(len(chosen), len(rejected)) - 1
+        shared = 0
+        while shared < limit and chosen[shared] == rejected[shared]:
+            shared += 1
+        groups.append((chosen[:shared], [chosen[shared:], rejected[shared:]]))
+    return groups
+
+
 def chunk_rows(rows: Sequence[Sequence[int]], pad_token_id: int,
                overhead_positions: float = CHUNK_OVERHEAD_POSITIONS) -> tuple[list[Chunk], torch.Tensor]:
     """`ChunkedRewards`' inputs for token `rows` (on the host): the rows sorted longest first, cut by
@@ -131,6 +168,17 @@ def _masked_out(targets: dict, placeholder: bool) -> dict:
     return targets
 
 
+def pair_rewards(forward: torch.nn.Module, pairs: Sequence[TokenizedPair], pad_token_id: int, device: torch.device,
+                 overhead_positions: float) -> torch.Tensor:
+    """Rewards `[2n, K]` of n pairs, interleaved `[c0, r0, c1, r1, ...]`: through `SharedPromptRewards` (a
+    decoder: each pair one row, its common prefix computed once) or `ChunkedRewards` (rows in length-planned
+    chunks), whichever `forward` is (or wraps)."""
+    if isinstance(unwrap_model(forward), SharedPromptRewards):
+        return forward(pair_groups(pairs))
+    rows = [ids for pair in pairs for ids in (pair.chosen_ids, pair.rejected_ids)]
+    return length_grouped_rewards(forward, rows, pad_token_id, device, overhead_positions)
+
+
 def bradley_terry_step(forward: torch.nn.Module, pairs: Sequence, micro_size: int, pad_token_id: int,
                        precision: str, device: torch.device) -> dict[str, torch.Tensor]:
     """Forward/backward of a global batch of tokenized pairs with the Bradley-Terry loss
@@ -148,10 +196,9 @@ def bradley_terry_step(forward: torch.nn.Module, pairs: Sequence, micro_size: in
         placeholder = micro is None
         micro = micro or [TokenizedPair([pad_token_id], [pad_token_id])]
         targets = _to(_masked_out(pair_targets(micro), placeholder), device)  # sample_mask [2n], margin [n]
-        rows = [ids for pair in micro for ids in (pair.chosen_ids, pair.rejected_ids)]  # interleaved
         with sync_gradients(forward, sync=i == len(micros) - 1):  # DDP reduces after the last one
             with autocast(precision, device):
-                rewards = length_grouped_rewards(forward, rows, pad_token_id, device, overhead)  # [2n, 1]
+                rewards = pair_rewards(forward, micro, pad_token_id, device, overhead)  # [2n, 1], interleaved
             loss, metrics = loss_fn(rewards, targets, global_valid_seqs)
             loss.backward()
         loss_sum += metrics["loss"]

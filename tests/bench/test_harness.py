@@ -196,6 +196,20 @@ def test_quality_paired_comparison_against_hand_computed_values():
     assert parse_variant("random:data.batching=random+rm.seed=3") == ("random", "rmkit", ["data.batching=random", "rm.seed=3"])
 
 
+def test_reused_runs_are_matched_by_variant_overrides_seed_and_files(tmp_path):
+    from benchmarks.quality_vs_trl import reusable_runs
+
+    partial = tmp_path / "study.partial.jsonl"
+    runs = [{"variant": "trl", "overrides": [], "seed": 1, "correct/dev.jsonl": [1, 0]},
+            {"variant": "w4", "overrides": ["data.length_group_window=4"], "seed": 1, "correct/dev.jsonl": [0, 0]},
+            {"variant": "rmkit", "overrides": [], "seed": 2, "correct/other.jsonl": [1]}]  # not scored on dev
+    partial.write_text("".join(json.dumps(r) + "\n" for r in runs))
+    found = reusable_runs(partial, ["dev.jsonl"])
+    assert set(found) == {("trl", (), 1), ("w4", ("data.length_group_window=4",), 1)}
+    assert found[("trl", (), 1)]["reused_from"] == str(partial)
+    assert reusable_runs(None, ["dev.jsonl"]) == {}
+
+
 @pytest.mark.slow
 def test_quality_vs_trl_smoke_two_seeds(tmp_path):
     """Both trainers and an override variant, two seeds, on a tiny BERT: the dev split is carved from the
@@ -221,3 +235,15 @@ def test_quality_vs_trl_smoke_two_seeds(tmp_path):
         assert len(row["dev.jsonl"]["accuracy"]) == 2 and "mean_difference" in row["vs_trl"]["dev.jsonl"]
     assert {len(r["correct/dev.jsonl"]) for r in result["runs"]} == {8}
     assert {r["optimizer_steps"] for r in result["runs"]} == {2}
+    # A second study reusing the first: only the new variant trains; the others come back unchanged.
+    again = tmp_path / "again.json"
+    quality_vs_trl.main(["--backbone", str(backbone), "--data-dir", str(data_dir), "--dev-pairs", "8",
+                         "--seeds", "1,2", "--epochs", "1", "--batch-size", "8", "--threads", "1",
+                         "--variants", "trl,rmkit,window:data.length_group_window=2", "--reuse", str(out),
+                         "--work-dir", str(tmp_path / "work"), "--output", str(again)])
+    runs = json.loads(again.read_text())["runs"]
+    assert [r["variant"] for r in runs if "reused_from" in r] == ["trl", "rmkit", "trl", "rmkit"]
+    assert [r["variant"] for r in runs if "reused_from" not in r] == ["window", "window"]
+    first = {(r["variant"], r["seed"]): r for r in result["runs"]}
+    for run in runs[:2]:
+        assert run["correct/dev.jsonl"] == first[(run["variant"], run["seed"])]["correct/dev.jsonl"]

@@ -80,6 +80,32 @@ def test_rollout_layout_and_group_advantages(tiny_policy):
     assert abs(rpp[mask].mean().item()) < 1e-5
 
 
+def test_completions_of_a_prompt_share_its_forward_and_match_the_plain_one(tiny_policy):
+    """policy_logits runs each prompt once for its completions: on a real rollout (3 prompts x 3, different
+    prompt and completion lengths) the logits at every real position and every parameter's gradient equal
+    a plain padded forward's."""
+    from rmkit.recipes.grpo_rollout import policy_logits, prompt_groups
+
+    cfg = _cfg(tiny_policy)
+    model, tokenizer = load_training_policy(cfg.policy, torch.device("cpu"))
+    rollout = generate_rollout(model, tokenizer, _prompts(tokenizer, 3), 0, 3, SamplingParams(max_new_tokens=6),
+                               9, torch.Generator().manual_seed(1))
+    batch = training_batch(rollout, tokenizer.pad_token_id)
+    groups = prompt_groups(batch)
+    assert [len(conts) for _, conts in groups] == [3, 3, 3]
+    assert [prompt for prompt, _ in groups] == [p.ids for p in _prompts(tokenizer, 3)]
+    real = batch["attention_mask"].bool()
+    shared = policy_logits(model, batch, 0.7, "float32")
+    (shared[real].square().mean()).backward()
+    shared_grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    plain = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits / 0.7
+    (plain[real].square().mean()).backward()
+    torch.testing.assert_close(shared[real], plain[real], rtol=1e-5, atol=1e-5)
+    for got, want in zip(shared_grads, (p.grad for p in model.parameters())):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
 def _run_steps(cfg, env, steps, generator_seed=0):
     model, tokenizer = load_training_policy(cfg.policy, torch.device("cpu"))
     optimizer = build_optimizer(model, cfg.policy.optimizer)
@@ -132,3 +158,29 @@ def test_reward_for_one_token_raises_its_probability(tiny_policy):
     # seen: 3.1e-5 -> 1.1e-4 (3.6x) and rewards 0.06 -> ~0.8; thresholds leave room for other BLAS / torch builds
     assert after > 2.5 * before, (text, before, after, rewards)
     assert sum(rewards[-4:]) / 4 > 3 * sum(rewards[:2]) / 2, rewards
+
+
+def test_prev_logprobs_pass_only_when_the_policy_moves_before_its_update(tiny_policy):
+    assert grpo.needs_prev_logprobs_pass(_cfg(tiny_policy), 16)  # 16 completions, global batch 8: two steps
+    assert not grpo.needs_prev_logprobs_pass(_cfg(tiny_policy), 8)
+    assert grpo.needs_prev_logprobs_pass(_cfg(tiny_policy, "grpo.adv_estimator.name=reinforce_plus_plus",
+                                              "loss_fn.use_kl_in_reward=true"), 8)  # the advantages need them
+
+
+def test_one_update_per_rollout_takes_prev_logprobs_from_the_training_forward(tiny_policy, monkeypatch):
+    """16 completions and a global batch of 16: one optimizer step per rollout, so the only log-prob pass
+    before the update is the reference's, and the step ends with the weights and metrics that a separate
+    prev_logprobs pass gives."""
+    cfg = _cfg(tiny_policy, "policy.train_global_batch_size=16", "policy.optimizer.lr=1e-3")
+    passes, real = [], grpo.batch_logprobs
+    monkeypatch.setattr(grpo, "batch_logprobs", lambda *a, **k: passes.append(1) or real(*a, **k))
+    shared, _, [fused] = _run_steps(cfg, lambda tok: TokenReward(tok, "a"), 1)
+    assert len(passes) == 1 and fused["train/probs_ratio"] == 1.0
+    monkeypatch.setattr(grpo, "needs_prev_logprobs_pass", lambda cfg, rows: True)
+    separate, _, [apart] = _run_steps(cfg, lambda tok: TokenReward(tok, "a"), 1)
+    assert len(passes) == 3
+    for got, want in zip(shared.parameters(), separate.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+    for key in ("train/loss", "train/probs_ratio", "train/token_mult_prob_error", "train/kl_penalty",
+                "train/approx_entropy"):
+        assert fused[key] == pytest.approx(apart[key], rel=1e-5, abs=1e-7), key
