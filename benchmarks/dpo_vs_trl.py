@@ -88,6 +88,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
     if args.eval_pairs < 0:
         parser.error("--eval-pairs must be 0 (skip the held-out accuracy) or more")
+    if args.policy != "smollm2" and not Path(args.policy).exists():
+        parser.error(f"--policy {args.policy}: no such directory; pass a causal LM directory (GGUF too) or smollm2")
     if args.lr <= 0 or args.beta <= 0:
         parser.error("--lr and --beta must be positive")
     if args.batch % args.micro:
@@ -310,7 +312,10 @@ def response_logprob_sums(model_dir: str, pairs: list[dict]) -> torch.Tensor:
     causal LM in `model_dir` (float32), each sequence run alone (no padding)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    from rmkit.models.reward import transformers_progress_bars_off
+
+    with transformers_progress_bars_off():
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     sums = torch.zeros(len(pairs), 2)
     for i, pair in enumerate(pairs):
         for j, response in enumerate((pair["chosen_ids"], pair["rejected_ids"])):
@@ -328,6 +333,22 @@ def implicit_reward_accuracy(logprobs: torch.Tensor, reference: torch.Tensor, be
     correct = rewards[:, 0] > rewards[:, 1]
     return {"accuracy": correct.float().mean().item(), "margin_mean": (rewards[:, 0] - rewards[:, 1]).mean().item(),
             "correct": correct.tolist()}
+
+
+def held_out_accuracies(data: dict, runs: list[dict], beta: float) -> dict:
+    """`implicit_reward_accuracy` on the held-out pairs for each side's saved model (its first run), against the
+    starting weights, and `agreement`: the fraction of pairs both sides call the same way."""
+    reference = response_logprob_sums(data["policy_dir"], data["held_out"])
+    held = {}
+    for r in runs:
+        if r["model_dir"]:
+            held[r["side"]] = implicit_reward_accuracy(response_logprob_sums(r["model_dir"], data["held_out"]),
+                                                       reference, beta)
+            print(f"held-out accuracy {r['side']}: {held[r['side']]['accuracy']:.3f}", flush=True)
+    if set(held) == set(SIDES):
+        agree = [a == b for a, b in zip(held["trl"]["correct"], held["rmkit"]["correct"])]
+        held["agreement"] = sum(agree) / len(agree)
+    return held
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -371,17 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     for repeat in range(args.repeats):
         for side in SIDES if repeat % 2 == 0 else SIDES[::-1]:
             runs.append(run(args, data, side, repeat))
-    held = {}
-    if data["held_out"]:
-        reference = response_logprob_sums(data["policy_dir"], data["held_out"])
-        for r in runs:
-            if r["model_dir"]:
-                held[r["side"]] = implicit_reward_accuracy(
-                    response_logprob_sums(r["model_dir"], data["held_out"]), reference, args.beta)
-                print(f"held-out accuracy {r['side']}: {held[r['side']]['accuracy']:.3f}", flush=True)
-        if len(held) == 2:
-            agree = [a == b for a, b in zip(held["trl"]["correct"], held["rmkit"]["correct"])]
-            held["agreement"] = sum(agree) / len(agree)
+    held = held_out_accuracies(data, runs, args.beta) if data["held_out"] else {}
     tokens_identical = all(r["token_digest"] == data["token_digest"] for r in runs)
     payload = {
         "command": "python benchmarks/dpo_vs_trl.py " + " ".join(argv),

@@ -43,3 +43,6 @@ def test_bad_batch_sizes_say_what_to_do(capsys):
     with pytest.raises(SystemExit):
         dpo_vs_trl.parse_args(["--batch", "8", "--micro", "3"])
     assert "--batch 8 must be a multiple of --micro 3" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        dpo_vs_trl.parse_args(["--policy", "/nonexistent/policy"])
+    assert "no such directory; pass a causal LM directory (GGUF too) or smollm2" in capsys.readouterr().err
