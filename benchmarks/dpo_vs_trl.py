@@ -271,9 +271,10 @@ def prepare(args: argparse.Namespace) -> dict:
     (work / "train_ids.json").write_text(json.dumps(train))
     held_out = (tokenized_pairs(args.data_dir / "hh_harmless_val.jsonl", work / "held_out.jsonl", tokenizer,
                                 args.max_length, args.eval_pairs) if args.eval_pairs else [])
+    rows = sum(2 * len(p["prompt_ids"]) + len(p["chosen_ids"]) + len(p["rejected_ids"]) for p in train)
     return {"policy_dir": str(policy_dir), "pairs_jsonl": str(work / "train.jsonl"),
             "pairs_ids": str(work / "train_ids.json"), "token_digest": token_digest(train), "held_out": held_out,
-            "tokens": sum(2 * len(p["prompt_ids"]) + len(p["chosen_ids"]) + len(p["rejected_ids"]) for p in train)}
+            "unshared_row_tokens": rows}
 
 
 def run(args: argparse.Namespace, data: dict, side: str, repeat: int) -> dict:
@@ -402,7 +403,8 @@ def main(argv: list[str] | None = None) -> int:
                      "micro_batch": args.micro, "threads": args.threads, "repeats": args.repeats, "seed": SEED,
                      "weight_decay": WEIGHT_DECAY, "max_grad_norm": MAX_GRAD_NORM, "betas": list(BETAS), "eps": EPS,
                      "schedule": "constant", "precision": "float32", "device": "cpu"},
-        "data": {"pairs": args.pairs, "tokens": data["tokens"], "token_digest": data["token_digest"]},
+        "data": {"pairs": args.pairs, "unshared_row_tokens": data["unshared_row_tokens"],
+                 "token_digest": data["token_digest"]},
         "checks": {"tokens_identical": tokens_identical,
                    "optimizer_steps_equal": all(r["optimizer_steps"] == args.pairs // args.batch for r in runs),
                    "reference_pass_ran": all(r["reference_forwards"] > 0 for r in runs)},
