@@ -69,6 +69,25 @@ def export_reward_model(source: str | Path, destination: Path, seed: int) -> Pat
     return destination
 
 
+def export_policy_dir(name: str | Path, destination: Path) -> Path:
+    """The causal LM `name` (a directory, GGUF too, or `smollm2`) as a plain float32 Hugging Face directory at
+    `destination`, its generation EOS set to the tokenizer's: both trainers of a policy benchmark load these
+    same weights, and GGUF is dequantized once here instead of in every run. Reused while its source is unchanged."""
+    from rmkit.models.policy import load_policy_model
+    from rmkit.models.setup import resolve_model_name
+    from rmkit.trainer.export import save_hf_model
+
+    source = str(Path(resolve_model_name(str(name))).resolve())
+    marker = destination / "EXPORTED_FROM"
+    if marker.exists() and marker.read_text() == source:
+        return destination
+    model, tokenizer = load_policy_model(source)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    save_hf_model(model, tokenizer, destination)
+    marker.write_text(source)
+    return destination
+
+
 def load_pairs(path: Path, limit: int | None = None) -> list:
     """The first `limit` `PreferencePair`s of `path` (default: all), read by rmkit's loader.
 

@@ -219,24 +219,6 @@ def worker(spec_path: Path) -> None:
 # ---------------------------------------------------------------- orchestration
 
 
-def export_policy_dir(name: str, destination: Path) -> Path:
-    """The policy as a plain HF directory (GGUF dequantized once), EOS of its generation config = the
-    tokenizer's, so both trainers load the same weights and stop on the same token."""
-    from rmkit.models.policy import load_policy_model
-    from rmkit.models.setup import resolve_model_name
-    from rmkit.trainer.export import save_hf_model
-
-    source = str(Path(resolve_model_name(name)).resolve())
-    marker = destination / "EXPORTED_FROM"
-    if marker.exists() and marker.read_text() == source:
-        return destination
-    model, tokenizer = load_policy_model(source)
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    save_hf_model(model, tokenizer, destination)
-    marker.write_text(source)
-    return destination
-
-
 def select_prompts(path: Path, tokenizer, count: int, budget: int) -> list[list[dict]]:
     """The first `count` prompts of `path` (as messages) whose rendered length is at most `budget` tokens."""
     from rmkit.data.prompts import load_prompts
@@ -257,7 +239,7 @@ def prepare(args: argparse.Namespace) -> dict:
 
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
-    policy_dir = export_policy_dir(args.policy, work / "policy")
+    policy_dir = common.export_policy_dir(args.policy, work / "policy")
     reward_model = args.reward_model or common.export_reward_model(common.minilm_path(), work / "reward_model", args.seed)
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     budget = args.max_length - args.max_new_tokens

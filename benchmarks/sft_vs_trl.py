@@ -97,13 +97,10 @@ def worker(spec_path: Path) -> None:
 def prepare(work: Path, sequences: int) -> dict:
     """The float32 model directory and the demonstrations, tokenized once (JSON for TRL, JSONL for rmkit)."""
     from rmkit.data.demonstrations import load_demonstrations, tokenize_demonstrations
-    from rmkit.models.policy import load_policy_model
+    from rmkit.models.reward import load_tokenizer
 
-    model_dir = work / "model"
-    model, tokenizer = load_policy_model(common.smollm2_path())
-    if not (model_dir / "config.json").exists():
-        model.save_pretrained(model_dir)
-        tokenizer.save_pretrained(model_dir)
+    model_dir = common.export_policy_dir("smollm2", work / "model")
+    tokenizer = load_tokenizer(model_dir)
     source = common.DEFAULT_DATA_DIR / "hh_harmless_train.jsonl"
     lines = source.read_text().splitlines()[:sequences]
     (work / "train.jsonl").write_text("".join(line + "\n" for line in lines))
