@@ -10,8 +10,9 @@ and repeats alternate which side goes first to cancel drift. For every run it re
 - train time: from the first training forward to the end of the last optimizer step, measured by the same
   global hooks in both trainers (model loading, tokenization and saving are outside it; `wall_s` is the
   whole subprocess);
-- pairs/s and real (non-padding) tokens/s over that time, the padding fraction (tokens that went through
-  the word embeddings but were padding), and the peak RSS of the subprocess;
+- pairs/s and real (non-padding) tokens/s over that time (real tokens: both sides of every pair in full), the
+  tokens that went through the word embeddings per real token (above 1: padding; below 1: tokens computed
+  once for both sides, a decoder's shared prompt), and the peak RSS of the subprocess;
 - held-out pairwise accuracy of the saved model, scored for both by the same code: scoring goes through the
   inference core, `rmkit.inference` (`load_scorer` on the saved directory at `--max-length`, `encode_pairs`
   with each side of a pair cut on its own, `score_ids`, float32);
@@ -370,7 +371,7 @@ def run_once(args, data: dict, side: str, precision: str, repeat: int) -> dict:
         wall_s=wall,
         pairs_per_s=args.epochs * data["num_pairs"] / train_s,
         real_tokens_per_s=args.epochs * data["real_tokens"] / train_s,
-        padding_fraction=1 - data["real_tokens"] / max(result["computed_tokens"], 1),
+        embedded_per_real=result["computed_tokens"] / data["real_tokens"],
     )
     if repeat == 0:
         for name, pairs in data["val"].items():
@@ -389,7 +390,7 @@ def run_once(args, data: dict, side: str, precision: str, repeat: int) -> dict:
 
 def summarize(runs: list[dict], data: dict, peaks: dict) -> dict:
     """Medians per (precision, side), MFU, and the rmkit/TRL ratios."""
-    keys = ("pairs_per_s", "real_tokens_per_s", "padding_fraction", "peak_rss_mib", "train_s", "wall_s")
+    keys = ("pairs_per_s", "real_tokens_per_s", "embedded_per_real", "peak_rss_mib", "train_s", "wall_s")
     summary: dict = {}
     for precision in sorted({r["precision"] for r in runs}):
         row: dict = {}
@@ -416,7 +417,7 @@ def markdown_table(payload: dict) -> str:
     """The summary as the BENCHMARKS.md table: one row per (precision, side), then the ratio."""
     names = sorted({k for row in payload["summary"].values() for side in SIDES if side in row
                     for k in row[side] if k.startswith("accuracy/")})  # fmt: skip
-    head = ["precision", "side", "pairs/s", "real tokens/s", "padding", "peak RSS (MiB)", "train (s)",
+    head = ["precision", "side", "pairs/s", "real tokens/s", "embedded / real", "peak RSS (MiB)", "train (s)",
             "wall (s)", "MFU", "runs"] + [f"acc {n.split('/')[1].split('_val')[0]}" for n in names]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for precision, row in payload["summary"].items():
@@ -424,7 +425,7 @@ def markdown_table(payload: dict) -> str:
             if side in row:
                 r = row[side]
                 cells = [precision, side, f"{r['pairs_per_s']:.2f}", f"{r['real_tokens_per_s']:.0f}",
-                         f"{r['padding_fraction']:.1%}", f"{r['peak_rss_mib']:.0f}", f"{r['train_s']:.1f}",
+                         f"{r['embedded_per_real']:.2f}", f"{r['peak_rss_mib']:.0f}", f"{r['train_s']:.1f}",
                          f"{r['wall_s']:.1f}", f"{r['mfu']:.1%}", str(r["runs"])]  # fmt: skip
                 cells += [f"{r[n]:.1%}" if r.get(n) is not None else "-" for n in names]
                 lines.append("| " + " | ".join(cells) + " |")

@@ -89,23 +89,36 @@ class ChunkedRewards(torch.nn.Module):
 
 
 class SharedPromptRewards(torch.nn.Module):
-    """`forward(groups) -> rewards [R, K]` of groups `(prompt ids, [continuation ids, ...])` through a decoder
-    reward model, each group one row with its prompt computed once (`rmkit.models.shared_prefix`); the
-    rewards come in continuation order, each equal to that of the unshared row `[prompt, continuation]`
-    within float rounding. For decoder pairs it stands where `ChunkedRewards` stands for encoders: the module
-    the loop calls and DDP wraps. `reward_forward` is a `RewardForward` (compiled in place or not)."""
+    """`forward(groups, overhead_positions) -> rewards [R, K]` of groups `(prompt ids, [continuation ids, ...])`
+    through a decoder reward model, each group one row with its prompt computed once
+    (`rmkit.models.shared_prefix`); the rewards come in continuation order, each equal to that of the unshared
+    row `[prompt, continuation]` within float rounding. For decoder pairs it stands where `ChunkedRewards`
+    stands for encoders: the module the loop calls and DDP wraps, and like it, it runs the rows sorted by
+    length in chunks planned by `plan_row_chunks` (one chunk when `overhead_positions` is infinite), after
+    one embedding lookup for all of them. `reward_forward` is a `RewardForward` (compiled in place or not)."""
 
     def __init__(self, reward_forward: torch.nn.Module, pad_token_id: int):
         super().__init__()
         self.reward_forward = reward_forward
         self.pad_token_id = pad_token_id
 
-    def forward(self, groups: Sequence[Group]) -> torch.Tensor:
-        inputs = packed_inputs(self.reward_forward.model, groups, self.pad_token_id)
-        device = inputs["input_ids"].device
-        read_at = tuple(t.to(device, non_blocking=True) for t in continuation_ends(groups))
-        return self.reward_forward(inputs["input_ids"], inputs["attention_mask"], position_ids=inputs["position_ids"],
-                                   read_at=read_at)
+    def forward(self, groups: Sequence[Group], overhead_positions: float = math.inf) -> torch.Tensor:
+        lengths = [len(prompt) + sum(map(len, conts)) for prompt, conts in groups]
+        order = sorted(range(len(groups)), key=lambda i: lengths[i], reverse=True)
+        chunks = [[groups[i] for i in order[start:end]]
+                  for start, end in plan_row_chunks([lengths[i] for i in order], overhead_positions)]
+        inputs = [packed_inputs(self.reward_forward.model, chunk, self.pad_token_id) for chunk in chunks]
+        embedded = self.reward_forward.embed(torch.cat([x["input_ids"].reshape(-1) for x in inputs]))
+        pieces = []
+        for chunk, x, embeds in zip(chunks, inputs, embedded.split([x["input_ids"].numel() for x in inputs])):
+            read_at = tuple(t.to(embeds.device, non_blocking=True) for t in continuation_ends(chunk))
+            pieces.append(self.reward_forward(x["input_ids"], x["attention_mask"], embeds.view(*x["input_ids"].shape, -1),
+                                              position_ids=x["position_ids"], read_at=read_at))
+        first_row, row = {}, 0  # where each group's continuations start in the chunks' output
+        for i in order:
+            first_row[i], row = row, row + len(groups[i][1])
+        index = [first_row[i] + k for i, (_, conts) in enumerate(groups) for k in range(len(conts))]
+        return torch.cat(pieces)[torch.tensor(index, device=pieces[0].device)]
 
 
 def pair_groups(pairs: Sequence[TokenizedPair]) -> list[Group]:
@@ -174,7 +187,7 @@ def pair_rewards(forward: torch.nn.Module, pairs: Sequence[TokenizedPair], pad_t
     decoder: each pair one row, its common prefix computed once) or `ChunkedRewards` (rows in length-planned
     chunks), whichever `forward` is (or wraps)."""
     if isinstance(unwrap_model(forward), SharedPromptRewards):
-        return forward(pair_groups(pairs))
+        return forward(pair_groups(pairs), overhead_positions)
     rows = [ids for pair in pairs for ids in (pair.chosen_ids, pair.rejected_ids)]
     return length_grouped_rewards(forward, rows, pad_token_id, device, overhead_positions)
 

@@ -71,7 +71,7 @@ def test_summarize_takes_medians_ratios_and_mfu():
             "precision": "fp32",
             "pairs_per_s": pps,
             "real_tokens_per_s": tps,
-            "padding_fraction": 0.1,
+            "embedded_per_real": 1.1,
             "peak_rss_mib": 100.0,
             "train_s": 10.0,
             "wall_s": 12.0,
@@ -149,7 +149,7 @@ def test_train_vs_trl_smoke_both_sides(tmp_path):
     row = result["summary"]["fp32"]
     for side in ("trl", "rmkit"):
         assert row[side]["pairs_per_s"] > 0
-        assert 0 <= row[side]["padding_fraction"] < 1
+        assert row[side]["embedded_per_real"] >= 1  # an encoder: padding, nothing shared
         assert 0 <= row[side]["accuracy/hh_harmless_val.jsonl"] <= 1
     assert {r["optimizer_steps"] for r in result["runs"]} == {2}  # 16 pairs / 8 per step, one epoch
     assert row["ratio_rmkit_over_trl"]["pairs_per_s"] > 0
