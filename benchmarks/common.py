@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -212,3 +213,19 @@ def machine_info() -> dict:
 def write_json(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+def run_subcommand(argv: list[str], script: str, worker: Callable[[Path], None],
+                   markdown_table: Callable[[dict], str] | None = None) -> bool:
+    """The subcommands a side-by-side benchmark takes instead of its options: `worker SPEC.json` (one run, in
+    the fresh process the script started for it) and `table RESULTS.json` (print the results' markdown table
+    again). True when `argv` was one of them and it ran."""
+    if argv[:1] == ["worker"]:
+        worker(Path(argv[1]))
+        return True
+    if argv[:1] == ["table"] and markdown_table is not None:
+        if len(argv) != 2:
+            raise SystemExit(f"usage: python benchmarks/{script} table RESULTS.json")
+        print(markdown_table(json.loads(Path(argv[1]).read_text())))
+        return True
+    return False

@@ -336,11 +336,7 @@ def markdown_table(payload: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["worker"]:
-        worker(Path(argv[1]))
-        return 0
-    if argv[:1] == ["table"]:
-        print(markdown_table(json.loads(Path(argv[1]).read_text())))
+    if common.run_subcommand(argv, "grpo_vs_trl.py", worker, markdown_table):
         return 0
     args = parse_args(argv)
     info = common.machine_info()

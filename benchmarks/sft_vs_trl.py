@@ -128,8 +128,7 @@ def run(side: str, data: dict, work: Path, repeat: int, packing: bool) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["worker"]:
-        worker(Path(argv[1]))
+    if common.run_subcommand(argv, "sft_vs_trl.py", worker):
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sequences", type=int, default=48)

@@ -413,6 +413,12 @@ def summarize(runs: list[dict], data: dict, peaks: dict) -> dict:
     return summary
 
 
+def embedded_per_real(stats: dict) -> float:
+    """Tokens embedded per real token; results written before 2026-11-25 record the padding fraction instead
+    (embedded / real = 1 / (1 - padding))."""
+    return stats["embedded_per_real"] if "embedded_per_real" in stats else 1 / (1 - stats["padding_fraction"])
+
+
 def markdown_table(payload: dict) -> str:
     """The summary as the BENCHMARKS.md table: one row per (precision, side), then the ratio."""
     names = sorted({k for row in payload["summary"].values() for side in SIDES if side in row
@@ -425,7 +431,7 @@ def markdown_table(payload: dict) -> str:
             if side in row:
                 r = row[side]
                 cells = [precision, side, f"{r['pairs_per_s']:.2f}", f"{r['real_tokens_per_s']:.0f}",
-                         f"{r['embedded_per_real']:.2f}", f"{r['peak_rss_mib']:.0f}", f"{r['train_s']:.1f}",
+                         f"{embedded_per_real(r):.2f}", f"{r['peak_rss_mib']:.0f}", f"{r['train_s']:.1f}",
                          f"{r['wall_s']:.1f}", f"{r['mfu']:.1%}", str(r["runs"])]  # fmt: skip
                 cells += [f"{r[n]:.1%}" if r.get(n) is not None else "-" for n in names]
                 lines.append("| " + " | ".join(cells) + " |")
@@ -439,11 +445,7 @@ def markdown_table(payload: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["worker"]:
-        worker(Path(argv[1]))
-        return 0
-    if argv[:1] == ["table"]:  # print the markdown table of a results file
-        print(markdown_table(json.loads(Path(argv[1]).read_text())))
+    if common.run_subcommand(argv, "train_vs_trl.py", worker, markdown_table):
         return 0
     args = parse_args(argv)
     info = common.machine_info()
