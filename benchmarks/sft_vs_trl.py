@@ -67,14 +67,14 @@ def train_rmkit(spec: dict) -> None:
     from rmkit.recipes import sft
     from rmkit.recipes.sft_config import SFTTree
 
-    original = sft.load_model
+    original = sft.load_training_policy
 
-    def load_model(cfg, device):
-        model, tokenizer = original(cfg, device)
+    def load_timed_policy(policy, device):
+        model, tokenizer = original(policy, device)
         install_timers(model)
         return model, tokenizer
 
-    sft.load_model = load_model
+    sft.load_training_policy = load_timed_policy
     overrides = [f"policy.model_name={spec['model']}", f"data.train_data_path={spec['jsonl']}", "data.val_data_paths={}",
                  f"checkpointing.checkpoint_dir={spec['out']}", "checkpointing.enabled=false",
                  f"policy.train_global_batch_size={GLOBAL}", f"policy.train_micro_batch_size={MICRO}",
@@ -94,14 +94,14 @@ def worker(spec_path: Path) -> None:
     Path(spec["result"]).write_text(json.dumps(result))
 
 
-def prepare(work: Path, sequences: int) -> dict:
+def prepare(work: Path, sequences: int, policy: str, data_dir: Path) -> dict:
     """The float32 model directory and the demonstrations, tokenized once (JSON for TRL, JSONL for rmkit)."""
     from rmkit.data.demonstrations import load_demonstrations, tokenize_demonstrations
     from rmkit.models.reward import load_tokenizer
 
-    model_dir = common.export_policy_dir("smollm2", work / "model")
+    model_dir = common.export_policy_dir(policy, work / "model")
     tokenizer = load_tokenizer(model_dir)
-    source = common.DEFAULT_DATA_DIR / "hh_harmless_train.jsonl"
+    source = data_dir / "hh_harmless_train.jsonl"
     lines = source.read_text().splitlines()[:sequences]
     (work / "train.jsonl").write_text("".join(line + "\n" for line in lines))
     demos = tokenize_demonstrations(load_demonstrations(work / "train.jsonl").records, tokenizer, MAX_LENGTH).items
@@ -131,13 +131,15 @@ def main(argv: list[str] | None = None) -> int:
     if common.run_subcommand(argv, "sft_vs_trl.py", worker):
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--policy", default="smollm2", help="a causal LM directory (GGUF too) or smollm2")
     parser.add_argument("--sequences", type=int, default=48)
+    parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR, help="holds hh_harmless_train.jsonl")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rmkit_sft_vs_trl"))
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/sft_vs_trl.json"))
     args = parser.parse_args(argv)
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    data = prepare(args.work_dir, args.sequences)
+    data = prepare(args.work_dir, args.sequences, args.policy, args.data_dir)
     runs = []
     for repeat in range(args.repeats):
         order = [("trl", False), ("rmkit", False), ("rmkit", True)]
