@@ -202,10 +202,10 @@ def prompt_groups(batch: dict) -> list[Group]:
     """The rows as `(prompt ids, [completion ids, ...])`, one group per run of consecutive rows with the same
     `group_index`, in row order."""
     groups: list[Group] = []
-    lengths = batch["attention_mask"].sum(1).tolist()
+    lengths, group_ids = batch["attention_mask"].sum(1).tolist(), batch["group_index"].tolist()
     for row, (ids, start, length, group) in enumerate(zip(batch["input_ids"].tolist(), batch["prompt_length"].tolist(),
-                                                          lengths, batch["group_index"].tolist())):
-        if row and group == batch["group_index"][row - 1]:
+                                                          lengths, group_ids)):
+        if row and group == group_ids[row - 1]:
             groups[-1][1].append(ids[start:length])
         else:
             groups.append((ids[:start], [ids[start:length]]))

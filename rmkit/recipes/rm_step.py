@@ -63,6 +63,23 @@ def plan_row_chunks(lengths: Sequence[int], overhead_positions: float = CHUNK_OV
     return chunks[::-1]
 
 
+def planned_chunks(lengths: Sequence[int], overhead_positions: float) -> list[list[int]]:
+    """Indices of items of `lengths`, sorted longest first and cut into chunks by `plan_row_chunks`."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+    return [order[start:end] for start, end in plan_row_chunks([lengths[i] for i in order], overhead_positions)]
+
+
+def chunk_rewards(reward_forward: torch.nn.Module, chunks: Sequence[dict]) -> torch.Tensor:
+    """Rewards of every chunk's rows, laid end to end in chunk order: `chunks` are `reward_forward`'s keyword
+    arguments (`input_ids` `[n_i, S_i]` and the rest), one forward each, after ONE embedding lookup for all of
+    them: its backward builds one dense gradient of the embedding matrix (vocab x hidden, 47 MB for MiniLM)
+    instead of one per chunk, each zero-filled and summed."""
+    flat_ids = torch.cat([chunk["input_ids"].reshape(-1) for chunk in chunks])
+    embeddings = reward_forward.embed(flat_ids).split([chunk["input_ids"].numel() for chunk in chunks])
+    return torch.cat([reward_forward(**chunk, inputs_embeds=embedded.view(*chunk["input_ids"].shape, -1))
+                      for chunk, embedded in zip(chunks, embeddings)])
+
+
 class ChunkedRewards(torch.nn.Module):
     """`forward(chunks, inverse) -> rewards [R, K]` of R token rows given as padded chunks: the module the
     loop calls and DDP wraps (DDP wants one forward call per backward, so the embedding lookup and every
@@ -77,15 +94,8 @@ class ChunkedRewards(torch.nn.Module):
     def forward(self, chunks: Sequence[Chunk], inverse: torch.Tensor) -> torch.Tensor:
         """`chunks`: `(input_ids, attention_mask)` pairs `[n_i, S_i]`; `inverse` `[R]`: row r's position
         in the chunks' rows laid end to end (R = sum n_i). Returns rewards `[R, K]` in row order."""
-        # One embedding lookup for every chunk: its backward builds one dense gradient of the embedding
-        # matrix (vocab x hidden, 47 MB for MiniLM) instead of one per chunk, each zero-filled and summed.
-        flat_ids = torch.cat([input_ids.reshape(-1) for input_ids, _ in chunks])
-        embeddings = self.reward_forward.embed(flat_ids).split([input_ids.numel() for input_ids, _ in chunks])
-        pieces = [
-            self.reward_forward(input_ids, attention_mask, inputs_embeds=embedded.view(*input_ids.shape, -1))
-            for (input_ids, attention_mask), embedded in zip(chunks, embeddings)
-        ]
-        return torch.cat(pieces)[inverse]
+        inputs = [{"input_ids": input_ids, "attention_mask": attention_mask} for input_ids, attention_mask in chunks]
+        return chunk_rewards(self.reward_forward, inputs)[inverse]
 
 
 class SharedPromptRewards(torch.nn.Module):
@@ -103,22 +113,19 @@ class SharedPromptRewards(torch.nn.Module):
         self.pad_token_id = pad_token_id
 
     def forward(self, groups: Sequence[Group], overhead_positions: float = math.inf) -> torch.Tensor:
-        lengths = [len(prompt) + sum(map(len, conts)) for prompt, conts in groups]
-        order = sorted(range(len(groups)), key=lambda i: lengths[i], reverse=True)
-        chunks = [[groups[i] for i in order[start:end]]
-                  for start, end in plan_row_chunks([lengths[i] for i in order], overhead_positions)]
-        inputs = [packed_inputs(self.reward_forward.model, chunk, self.pad_token_id) for chunk in chunks]
-        embedded = self.reward_forward.embed(torch.cat([x["input_ids"].reshape(-1) for x in inputs]))
-        pieces = []
-        for chunk, x, embeds in zip(chunks, inputs, embedded.split([x["input_ids"].numel() for x in inputs])):
-            read_at = tuple(t.to(embeds.device, non_blocking=True) for t in continuation_ends(chunk))
-            pieces.append(self.reward_forward(x["input_ids"], x["attention_mask"], embeds.view(*x["input_ids"].shape, -1),
-                                              position_ids=x["position_ids"], read_at=read_at))
-        first_row, row = {}, 0  # where each group's continuations start in the chunks' output
-        for i in order:
+        chunks = planned_chunks([len(prompt) + sum(map(len, conts)) for prompt, conts in groups], overhead_positions)
+        inputs = []
+        for chunk in chunks:
+            members = [groups[i] for i in chunk]
+            x = packed_inputs(self.reward_forward.model, members, self.pad_token_id)
+            inputs.append({**x, "read_at": tuple(t.to(x["input_ids"].device, non_blocking=True)
+                                                 for t in continuation_ends(members))})
+        rewards = chunk_rewards(self.reward_forward, inputs)  # group by group in chunk order
+        first_row, row = {}, 0  # where each group's continuations start in those rows
+        for i in (i for chunk in chunks for i in chunk):
             first_row[i], row = row, row + len(groups[i][1])
         index = [first_row[i] + k for i, (_, conts) in enumerate(groups) for k in range(len(conts))]
-        return torch.cat(pieces)[torch.tensor(index, device=pieces[0].device)]
+        return rewards[torch.tensor(index, device=rewards.device)]
 
 
 def pair_groups(pairs: Sequence[TokenizedPair]) -> list[Group]:
@@ -140,9 +147,9 @@ def chunk_rows(rows: Sequence[Sequence[int]], pad_token_id: int,
                overhead_positions: float = CHUNK_OVERHEAD_POSITIONS) -> tuple[list[Chunk], torch.Tensor]:
     """`ChunkedRewards`' inputs for token `rows` (on the host): the rows sorted longest first, cut by
     `plan_row_chunks`, each chunk padded to its own longest row; and the inverse permutation `[R]`."""
-    order = sorted(range(len(rows)), key=lambda i: len(rows[i]), reverse=True)
-    plan = plan_row_chunks([len(rows[i]) for i in order], overhead_positions)
-    chunks = [pad_right([rows[i] for i in order[start:end]], pad_token_id) for start, end in plan]
+    planned = planned_chunks([len(row) for row in rows], overhead_positions)
+    chunks = [pad_right([rows[i] for i in chunk], pad_token_id) for chunk in planned]
+    order = [i for chunk in planned for i in chunk]
     inverse = torch.empty(len(order), dtype=torch.long)
     inverse[order] = torch.arange(len(order))
     return chunks, inverse
