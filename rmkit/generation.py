@@ -6,11 +6,17 @@ the one shipped is transformers' `generate`: batched, KV cache, prompts padded o
 temperature / top-p / top-k (GRPO's rollouts). The log-prob of a sampled token is
 `log_softmax(logits / temperature)` of the model's raw logits, what the clipped policy-gradient loss
 compares training log-probs with (`token_mult_prob_error`); greedy decoding reports `log_softmax(logits)`.
+
+A prompt that appears on several rows (GRPO samples each prompt G times) is computed once: the distinct
+prompts run through the model in one forward (all but their last token), their keys/values are copied to
+every row that repeats them, and `generate` continues from that cache. Rows then differ only in what they
+sample; the logits equal those of G separate prompt forwards within float32 rounding.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -75,6 +81,7 @@ def generate_completions(model, tokenizer, prompts: Sequence[Sequence[int]], par
     and the global RNG is left as it was."""
     device = next(model.parameters()).device
     ids, mask = _left_padded(prompts, tokenizer.pad_token_id)
+    ids, mask = ids.to(device), mask.to(device)
     greedy = params.temperature == 0
     options = {"do_sample": False} if greedy else {
         "do_sample": True, "temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k or 0}
@@ -83,7 +90,7 @@ def generate_completions(model, tokenizer, prompts: Sequence[Sequence[int]], par
     with torch.random.fork_rng(devices=[]) if generator is not None else contextlib.nullcontext():
         if generator is not None:
             torch.set_rng_state(generator.get_state())
-        out = model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),
+        out = model.generate(input_ids=ids, attention_mask=mask, **_shared_prompt_cache(model, prompts, ids, mask),
                              max_new_tokens=params.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                              eos_token_id=tokenizer.eos_token_id, output_logits=True, return_dict_in_generate=True,
                              # FSDP2: a rank that is done keeps running forwards (they all-gather) until all are
@@ -96,6 +103,30 @@ def generate_completions(model, tokenizer, prompts: Sequence[Sequence[int]], par
     scaled = logits if greedy else logits / params.temperature
     token_logprobs = torch.log_softmax(scaled, dim=-1).gather(-1, new.unsqueeze(-1)).squeeze(-1)
     return _completions(new, token_logprobs, tokenizer, params.stop_strings)
+
+
+def _shared_prompt_cache(model, prompts: Sequence[Sequence[int]], ids: torch.Tensor, mask: torch.Tensor) -> dict:
+    """`generate`'s cache keyword with every row's prompt but its last token already computed, each distinct
+    prompt once; `{}` when no prompt repeats (generate's own prefill is then the same work) or the prompts are
+    one token wide. Under FSDP2 every rank takes this path whenever the width allows, so that all ranks run
+    the same forwards."""
+    index: dict[tuple[int, ...], int] = {}  # a distinct prompt -> its position among the distinct ones
+    first_rows, source = [], []
+    for row, prompt in enumerate(prompts):
+        if tuple(prompt) not in index:
+            index[tuple(prompt)] = len(first_rows)
+            first_rows.append(row)
+        source.append(index[tuple(prompt)])
+    if ids.shape[1] < 2 or (len(first_rows) == len(prompts) and not is_sharded(model)):
+        return {}
+    first = torch.tensor(first_rows, device=ids.device)
+    head_ids, head_mask = ids[first, :-1], mask[first, :-1]
+    positions = (head_mask.cumsum(-1) - 1).masked_fill(head_mask == 0, 0)  # as generate derives them
+    out = model(input_ids=head_ids, attention_mask=head_mask, position_ids=positions, use_cache=True)
+    cache = out.cache if hasattr(out, "cache") else out.past_key_values
+    cache.reorder_cache(torch.tensor(source, device=ids.device))  # row r takes the keys/values of its prompt's distinct index
+    keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return {keyword: cache}
 
 
 def _stop_options(params: SamplingParams, tokenizer) -> dict:

@@ -50,3 +50,26 @@ def test_plain_prompt_without_a_chat_template(tiny_policy):
     _, tokenizer = load_policy_model(tiny_policy)
     tokenizer.chat_template = None
     assert tokenizer.decode(render_prompt(tokenizer, "Hi")).endswith("User: Hi\nAssistant:")
+
+
+def test_a_repeated_prompt_is_computed_once_and_every_row_still_matches_a_forward(tiny_policy):
+    model, tokenizer = load_policy_model(tiny_policy)
+    short, long = render_prompt(tokenizer, "Hi"), render_prompt(tokenizer, "Tell me three things about rivers.")
+    prompts = [long, long, short, short, long]  # two distinct prompts, left-padded, interleaved
+    embedded = []
+    hook = model.get_input_embeddings().register_forward_hook(lambda m, args, out: embedded.append(tuple(args[0].shape)))
+    try:
+        greedy = generate_completions(model, tokenizer, prompts, SamplingParams(max_new_tokens=4, temperature=0))
+    finally:
+        hook.remove()
+    assert embedded[0] == (2, len(long) - 1)  # the prompts' forward: each distinct prompt once
+    assert embedded[1] == (5, 1)  # then every row goes on from the shared cache with its prompt's last token
+    for prompt, ids in zip(prompts, greedy.ids):
+        assert ids == _argmax_loop(model, prompt, 4, tokenizer.eos_token_id)
+    params = SamplingParams(max_new_tokens=5, temperature=0.7)
+    sampled = generate_completions(model, tokenizer, prompts, params, torch.Generator().manual_seed(3))
+    for prompt, ids, logprobs in zip(prompts, sampled.ids, sampled.logprobs):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1] / 0.7
+        expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
+        torch.testing.assert_close(logprobs, expected, rtol=1e-4, atol=1e-4)
