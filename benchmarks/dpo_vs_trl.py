@@ -310,7 +310,9 @@ def run(args: argparse.Namespace, data: dict, side: str, repeat: int) -> dict:
 @torch.no_grad()
 def response_logprob_sums(model_dir: str, pairs: list[dict]) -> torch.Tensor:
     """`[P, 2]`: each pair's summed log-probs of its chosen and rejected response tokens given the prompt, by the
-    causal LM in `model_dir` (float32), each sequence run alone (no padding)."""
+    causal LM in `model_dir` (float32). Independent of rmkit's shared-prefix rows: the prompt runs alone once
+    (transformers' KV cache), then the two responses continue from a copy of its cache as a batch of two,
+    right-padded (a causal model's real tokens never see the padding after them)."""
     from transformers import AutoModelForCausalLM
 
     from rmkit.models.reward import transformers_progress_bars_off
@@ -319,11 +321,20 @@ def response_logprob_sums(model_dir: str, pairs: list[dict]) -> torch.Tensor:
         model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     sums = torch.zeros(len(pairs), 2)
     for i, pair in enumerate(pairs):
-        for j, response in enumerate((pair["chosen_ids"], pair["rejected_ids"])):
-            ids = torch.tensor([pair["prompt_ids"] + response])
-            logprobs = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), dim=-1)  # [S-1, V]
-            first = max(len(pair["prompt_ids"]), 1) - 1  # logits at t predict token t+1
-            sums[i, j] = logprobs[first:].gather(1, ids[0, first + 1:, None]).sum()
+        if not pair["prompt_ids"]:
+            raise SystemExit(f"pair {i} has an empty prompt: the held-out scoring needs one to condition on")
+        prompt = model(input_ids=torch.tensor([pair["prompt_ids"]]), use_cache=True)
+        cache = prompt.cache if hasattr(prompt, "cache") else prompt.past_key_values
+        cache.reorder_cache(torch.tensor([0, 0]))  # one copy per response
+        responses = (pair["chosen_ids"], pair["rejected_ids"])
+        width = max(len(r) for r in responses)
+        ids = torch.tensor([list(r) + [0] * (width - len(r)) for r in responses])
+        keyword = "cache" if hasattr(prompt, "cache") else "past_key_values"
+        logits = torch.cat([prompt.logits[:, -1:].expand(2, 1, -1), model(input_ids=ids, **{keyword: cache}).logits],
+                           dim=1)  # [2, width + 1, V]: position t predicts response token t
+        logprobs = torch.log_softmax(logits[:, :width].float(), dim=-1).gather(-1, ids[..., None]).squeeze(-1)
+        for j, response in enumerate(responses):
+            sums[i, j] = logprobs[j, :len(response)].sum()
     return sums
 
 

@@ -5,6 +5,7 @@ import json
 import math
 
 import pytest
+import torch
 
 from benchmarks import dpo_vs_trl
 
@@ -52,3 +53,20 @@ def test_bad_batch_sizes_say_what_to_do(capsys):
     with pytest.raises(SystemExit):
         dpo_vs_trl.parse_args(["--policy", "/nonexistent/policy"])
     assert "no such directory; pass a causal LM directory (GGUF too) or smollm2" in capsys.readouterr().err
+
+
+def test_response_logprob_sums_equal_each_sequence_run_alone(tiny_policy):
+    from transformers import AutoModelForCausalLM
+
+    pairs = [{"prompt_ids": [5, 9, 13, 2], "chosen_ids": [7, 8, 9], "rejected_ids": [11]},
+             {"prompt_ids": [3], "chosen_ids": [4, 4], "rejected_ids": [6, 1, 2, 8]}]
+    sums = dpo_vs_trl.response_logprob_sums(tiny_policy, pairs)
+    model = AutoModelForCausalLM.from_pretrained(tiny_policy, dtype=torch.float32).eval()
+    for i, pair in enumerate(pairs):
+        for j, response in enumerate((pair["chosen_ids"], pair["rejected_ids"])):
+            ids = torch.tensor([pair["prompt_ids"] + response])
+            with torch.no_grad():
+                logprobs = torch.log_softmax(model(input_ids=ids).logits[0, :-1], dim=-1)
+            start = len(pair["prompt_ids"]) - 1  # logits at t predict token t + 1
+            expected = logprobs[start:].gather(1, ids[0, start + 1:, None]).sum()
+            torch.testing.assert_close(sums[i, j], expected, rtol=1e-5, atol=1e-5)
