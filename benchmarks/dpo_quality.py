@@ -7,8 +7,8 @@ split). Every variant trains one epoch over the same `--train-pairs` pairs drawn
 real `rmkit dpo` CLI in a subprocess, all sharing one cached reference pass. A variant is `LABEL` (the config
 as it is) or `LABEL:KEY=VALUE[+KEY=VALUE...]` (dotted config overrides).
 
-Scoring is independent of the recipe: each response's summed log-prob given its prompt, every sequence run
-alone through the exported model (`dpo_vs_trl.response_logprob_sums`), against the same sums of the starting
+Scoring is independent of the recipe: each response's summed log-prob given its prompt by the exported model,
+through transformers' own KV cache (`dpo_vs_trl.response_logprob_sums`), against the same sums of the starting
 weights: the implicit reward beta * (log pi - log pi_ref) of chosen against rejected, per pair. Variants are
 compared pair by pair with a standard error. The rule, fixed before any run: the variant with the highest dev
 accuracy is chosen; a tie keeps the first listed. Only the chosen one is scored on hh_harmless_val (`--final`).
