@@ -311,10 +311,11 @@ def run(args: argparse.Namespace, data: dict, side: str, repeat: int) -> dict:
 def response_logprob_sums(model_dir: str, pairs: list[dict]) -> torch.Tensor:
     """`[P, 2]`: each pair's summed log-probs of its chosen and rejected response tokens given the prompt, by the
     causal LM in `model_dir` (float32). Independent of rmkit's shared-prefix rows: the prompt runs alone once
-    (transformers' KV cache), then the two responses continue from a copy of its cache as a batch of two,
+    (transformers' KV cache, copied by `rmkit.generation.run_with_copied_cache`), then the two responses continue from a copy of its cache as a batch of two,
     right-padded (a causal model's real tokens never see the padding after them)."""
     from transformers import AutoModelForCausalLM
 
+    from rmkit.generation import run_with_copied_cache
     from rmkit.models.reward import transformers_progress_bars_off
 
     with transformers_progress_bars_off():
@@ -323,14 +324,12 @@ def response_logprob_sums(model_dir: str, pairs: list[dict]) -> torch.Tensor:
     for i, pair in enumerate(pairs):
         if not pair["prompt_ids"]:
             raise SystemExit(f"pair {i} has an empty prompt: the held-out scoring needs one to condition on")
-        prompt = model(input_ids=torch.tensor([pair["prompt_ids"]]), use_cache=True)
-        cache = prompt.cache if hasattr(prompt, "cache") else prompt.past_key_values
-        cache.reorder_cache(torch.tensor([0, 0]))  # one copy per response
+        prompt, resume = run_with_copied_cache(model, torch.tensor([0, 0]),  # one copy per response
+                                               input_ids=torch.tensor([pair["prompt_ids"]]))
         responses = (pair["chosen_ids"], pair["rejected_ids"])
         width = max(len(r) for r in responses)
         ids = torch.tensor([list(r) + [0] * (width - len(r)) for r in responses])
-        keyword = "cache" if hasattr(prompt, "cache") else "past_key_values"
-        logits = torch.cat([prompt.logits[:, -1:].expand(2, 1, -1), model(input_ids=ids, **{keyword: cache}).logits],
+        logits = torch.cat([prompt.logits[:, -1:].expand(2, 1, -1), model(input_ids=ids, **resume).logits],
                            dim=1)  # [2, width + 1, V]: position t predicts response token t
         logprobs = torch.log_softmax(logits[:, :width].float(), dim=-1).gather(-1, ids[..., None]).squeeze(-1)
         for j, response in enumerate(responses):

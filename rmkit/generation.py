@@ -16,9 +16,9 @@ sample; the logits equal those of G separate prompt forwards within float32 roun
 from __future__ import annotations
 
 import contextlib
-import inspect
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -122,11 +122,20 @@ def _shared_prompt_cache(model, prompts: Sequence[Sequence[int]], ids: torch.Ten
     first = torch.tensor(first_rows, device=ids.device)
     head_ids, head_mask = ids[first, :-1], mask[first, :-1]
     positions = (head_mask.cumsum(-1) - 1).masked_fill(head_mask == 0, 0)  # as generate derives them
-    out = model(input_ids=head_ids, attention_mask=head_mask, position_ids=positions, use_cache=True)
-    cache = out.cache if hasattr(out, "cache") else out.past_key_values
-    cache.reorder_cache(torch.tensor(source, device=ids.device))  # row r takes the keys/values of its prompt's distinct index
-    keyword = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-    return {keyword: cache}
+    _, resume = run_with_copied_cache(model, torch.tensor(source, device=ids.device), input_ids=head_ids,
+                                      attention_mask=head_mask, position_ids=positions)
+    return resume
+
+
+def run_with_copied_cache(model, rows: torch.Tensor, **inputs) -> tuple[Any, dict]:
+    """Run `inputs` through `model` keeping its key/value cache, then copy that cache to `rows` (row r takes
+    the keys/values of input row `rows[r]`). Returns the model's output and the keyword arguments with which a
+    forward or `generate` goes on from the copied cache (`cache` in recent transformers, `past_key_values` in older ones)."""
+    out = model(**inputs, use_cache=True)
+    keyword = "cache" if hasattr(out, "cache") else "past_key_values"
+    cache = getattr(out, keyword)
+    cache.reorder_cache(rows)
+    return out, {keyword: cache}
 
 
 def _stop_options(params: SamplingParams, tokenizer) -> dict:
