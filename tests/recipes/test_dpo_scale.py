@@ -8,7 +8,6 @@ of summing gradients, or local instead of global counts, is off by a factor of 2
 """
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -23,11 +22,9 @@ from safetensors.torch import load_file
 
 from rmkit import cli
 from tests.recipes.dpo_helpers import dpo_values, read_metrics, write_pairs
-from tests.scale.launch import torchrun
+from tests.scale.launch import CHILD_ENV, torchrun
 
 pytestmark = pytest.mark.slow
-REPO_ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "RMKIT_NUM_THREADS": "1"}
 TIMING_KEYS = ("train/pairs_per_s", "train/tokens_per_s")
 
 
@@ -73,7 +70,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_policy, tmp_path, ca
     out = tmp_path / "run"
     config = write_config(tmp_path / "b.yaml", tiny_policy, train, val, out, **RESUME)
     kill_at = random.Random().randint(5, STEPS - 3)  # after the first checkpoint
-    proc = subprocess.Popen([sys.executable, "-m", "rmkit", "dpo", "--config", str(config)], env=ENV,
+    proc = subprocess.Popen([sys.executable, "-m", "rmkit", "dpo", "--config", str(config)], env=CHILD_ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     while logged_steps(out / "logs" / "metrics.jsonl") < kill_at:
@@ -108,11 +105,7 @@ def test_two_processes_match_one(tiny_policy, tmp_path, parallel):
         config = write_config(tmp_path / f"c{nproc}.yaml", tiny_policy, train, val, out,
                               dpo={"max_num_steps": 6, "max_num_epochs": 2, "val_period": 3, "val_at_start": True},
                               policy={"train_micro_batch_size": micro, "optimizer": {"lr": 3e-3}, **PARALLEL[parallel]})
-        if nproc == 1:
-            subprocess.run([sys.executable, "-m", "rmkit", "dpo", "--config", str(config)], env=ENV, check=True,
-                           capture_output=True, timeout=300)
-        else:
-            torchrun(["-m", "rmkit", "dpo", "--config", str(config)], ENV)
+        torchrun(["-m", "rmkit", "dpo", "--config", str(config)], CHILD_ENV, nproc=nproc)  # both sides on the CPU
         runs[nproc] = out
     one, two = metrics(runs[1]), metrics(runs[2])
     assert [r["step"] for r in one] == [r["step"] for r in two]  # rank 0 alone logged, once

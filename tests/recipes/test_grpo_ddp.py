@@ -21,7 +21,6 @@ completion, and the test would show it, not hide it).
 """
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -30,10 +29,8 @@ from safetensors.torch import load_file
 
 from rmkit import cli
 from tests.recipes.conftest import grpo_overrides
-from tests.scale.launch import torchrun
+from tests.scale.launch import CHILD_ENV, torchrun
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "RMKIT_NUM_THREADS": "1"}
 DETERMINISTIC = ["policy.generation.top_k=1", "grpo.adv_estimator.name=reinforce_plus_plus",
                  "grpo.adv_estimator.minus_baseline=false", "loss_fn.reference_policy_kl_penalty=0.05",
                  "logger.plots=false", "checkpointing.save_period=0", "policy.train_global_batch_size=8",
@@ -65,7 +62,7 @@ def test_two_gloo_processes_equal_one_process(tiny_policy, tiny_reward_model, pr
     assert cli.main(["grpo", *base]) == 0
     args = [a for a in base if not a.startswith("checkpointing.checkpoint_dir=")]
     err = torchrun(["-m", "rmkit", "grpo", *args, f"checkpointing.checkpoint_dir={ddp}",
-                    "policy.train_micro_batch_size=2"], ENV)  # per rank: 4 of the global 8, in 2 micro-batches
+                    "policy.train_micro_batch_size=2"], CHILD_ENV)  # per rank: 4 of the global 8, in 2 micro-batches
     assert err.count("rmkit: GRPO on") == 1, "only rank 0 prints"
 
     val_prompts = 3 if parallel == "fsdp2" else 4
@@ -88,7 +85,7 @@ def test_two_gloo_processes_equal_one_process(tiny_policy, tiny_reward_model, pr
 def test_nan_reward_on_one_rank_stops_every_rank(tiny_policy, tiny_reward_model, prompt_files, tmp_path):
     train, val = prompt_files
     args = grpo_overrides(tiny_policy, tiny_reward_model, train, val, tmp_path / "run") + ["grpo.val_at_start=false"]
-    err = torchrun(["-m", "tests.recipes._grpo_nan_worker", "grpo", *args], ENV, timeout=150, returncode=1)
+    err = torchrun(["-m", "tests.recipes._grpo_nan_worker", "grpo", *args], CHILD_ENV, timeout=150, returncode=1)
     # Rank 1 names its prompt; rank 0, whose rewards were fine, stops too instead of waiting for rank 1.
     assert err.count("rmkit grpo: stopped: the reward model returned nan for a completion of the prompt at") == 1
     assert err.count("rmkit grpo: stopped: (in another process) the reward model returned nan") == 1

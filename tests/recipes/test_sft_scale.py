@@ -8,7 +8,6 @@ summing gradients, or local instead of global token counts, is off by a factor o
 """
 
 import json
-import os
 import random
 import shutil
 import signal
@@ -23,10 +22,8 @@ import yaml
 from safetensors.torch import load_file
 
 from rmkit import cli
-from tests.scale.launch import torchrun
+from tests.scale.launch import CHILD_ENV, torchrun
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "RMKIT_NUM_THREADS": "1"}
 STEPS, SAVE_PERIOD = 16, 4
 TIMING = ("train/tokens_per_s", "train/sequences_per_s", "validation-held_out/tokens_per_s")
 
@@ -86,7 +83,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_policy, tmp_path, ca
     out = tmp_path / "run"
     config = write_config(tmp_path, tiny_policy, "run")
     kill_at = random.Random().randint(SAVE_PERIOD + 1, STEPS - 3)
-    proc = subprocess.Popen([sys.executable, "-m", "rmkit", "sft", "--config", str(config)], env=ENV,
+    proc = subprocess.Popen([sys.executable, "-m", "rmkit", "sft", "--config", str(config)], env=CHILD_ENV,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     while logged_steps(out / "logs/metrics.jsonl") < kill_at:
@@ -113,7 +110,7 @@ def test_torchrun_two_processes_equal_one(tiny_policy, tmp_path, capsys, packing
     one = write_config(tmp_path, tiny_policy, "one", micro=4, sequence_packing=packing)
     two = write_config(tmp_path, tiny_policy, "two", micro=2, sequence_packing=packing)  # 4 per rank: 2 x 2
     rmkit_sft(capsys, "--config", one, "checkpointing.enabled=false", "sft.max_num_steps=6")
-    torchrun(["-m", "rmkit", "sft", "--config", str(two), "checkpointing.enabled=false", "sft.max_num_steps=6"], ENV)
+    torchrun(["-m", "rmkit", "sft", "--config", str(two), "checkpointing.enabled=false", "sft.max_num_steps=6"], CHILD_ENV)
     m1, m2 = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     assert [sorted(r) for r in m1] == [sorted(r) for r in m2]
     for r1, r2 in zip(m1, m2):
@@ -149,7 +146,7 @@ def test_fsdp2_two_processes_equal_one_and_resume_on_one(tiny_policy, tmp_path, 
     one = write_config(tmp_path, tiny_policy, "one", micro=4)
     two = write_config(tmp_path, tiny_policy, "two", micro=2)  # 4 per rank: 2 micro-batches of 2
     rmkit_sft(capsys, "--config", one, "checkpointing.enabled=false", *fsdp)  # unsharded: no process group
-    torchrun(["-m", "rmkit", "sft", "--config", str(two), *fsdp], ENV)
+    torchrun(["-m", "rmkit", "sft", "--config", str(two), *fsdp], CHILD_ENV)
     assert_close(tmp_path / "one", tmp_path / "two")
     assert json.loads((tmp_path / "two/step_4/manifest.json").read_text())["layout"] == "sharded"
     samples = (tmp_path / "two/logs/samples.jsonl").read_text().splitlines()

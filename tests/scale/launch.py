@@ -12,6 +12,12 @@ from pathlib import Path
 
 import pytest
 
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# The environment of the rmkit processes tests start: the repository importable, one thread. A plain
+# subprocess computes where the test's own process does (a GPU where one is visible); `start_torchrun` adds
+# the CPU to it, so a comparison with torchrun's ranks starts its one-process side through torchrun too.
+CHILD_ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "RMKIT_NUM_THREADS": "1"}
+
 
 def free_port() -> int:
     with socket.socket() as s:

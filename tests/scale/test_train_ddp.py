@@ -12,7 +12,6 @@ local instead of global counts) is off by a factor of 2 and fails at the first s
 """
 
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -22,11 +21,9 @@ import yaml
 from safetensors.torch import load_file
 
 from rmkit import cli
-from tests.scale.launch import torchrun
+from tests.scale.launch import CHILD_ENV, torchrun
 from tests.scale.tiny import make_tiny_decoder, write_pairs
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "RMKIT_NUM_THREADS": "1"}
 STEPS = 8
 
 
@@ -56,7 +53,7 @@ def write_config(tmp_path: Path, name: str, micro: int) -> Path:
 
 
 def rmkit_torchrun(config: Path, *args: str) -> str:
-    return torchrun(["-m", "rmkit", "train", "--config", str(config), *args], ENV)
+    return torchrun(["-m", "rmkit", "train", "--config", str(config), *args], CHILD_ENV)
 
 
 def assert_close_runs(out_a: Path, out_b: Path) -> None:

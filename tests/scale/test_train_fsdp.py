@@ -17,7 +17,6 @@ by a factor of 2 at the first step and fails.
 """
 
 import json
-import os
 import random
 from pathlib import Path
 
@@ -35,12 +34,10 @@ from transformers import (
 from rmkit import cli
 from rmkit.config import config_from_dict
 from rmkit.errors import ConfigError
-from tests.scale.launch import torchrun
+from tests.scale.launch import CHILD_ENV, torchrun
 from tests.scale.test_train_ddp import assert_close_runs, records
 from tests.scale.tiny import BAD, GOOD, TOPICS, make_tiny_decoder, write_pairs
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "RMKIT_NUM_THREADS": "1"}
 STEPS = 8
 TEXTS = ["User: tell me about apples\nAssistant: the answer about apples is helpful the",
          "User: tell me about maps\nAssistant: the answer about maps is rude"]
@@ -143,7 +140,7 @@ def test_fsdp2_two_gloo_processes_equal_one_process(tmp_path, variant):
         assert cli.main(["train", "--config", str(single)]) == 0
     finally:
         torch.set_num_threads(threads)
-    err = torchrun(["-m", "rmkit", "train", "--config", str(sharded)], ENV)
+    err = torchrun(["-m", "rmkit", "train", "--config", str(sharded)], CHILD_ENV)
     if variant == "bert":
         assert_close_shift_invariant(tmp_path / "single", tmp_path / "fsdp")
     else:

@@ -10,7 +10,6 @@ after the resume (one process's sum against a reduce-scatter of two), so it agre
 (observed: 7.5e-9). A resume that lost the optimizer state or the sampler position is off by ~lr = 3e-3.
 """
 
-import os
 import random
 import shutil
 import time
@@ -22,13 +21,11 @@ import yaml
 
 from rmkit import cli
 from rmkit.trainer.checkpoint import read_manifest
-from tests.scale.launch import kill_all, start_torchrun, torchrun
+from tests.scale.launch import CHILD_ENV, kill_all, start_torchrun, torchrun
 from tests.scale.test_train_ddp import assert_close_runs
 from tests.scale.test_train_resume import assert_bitwise_equal, logged_steps, metrics, rmkit_train, weights
 from tests.scale.tiny import make_tiny_decoder, write_pairs
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "RMKIT_NUM_THREADS": "1"}
 STEPS, SAVE_PERIOD = 8, 2  # 48 pairs: 6 steps of 8 per epoch, so the run crosses an epoch boundary
 
 
@@ -57,7 +54,7 @@ def write_config(path: Path, assets, out: Path, micro: int = 2, **checkpointing)
 
 
 def train_two(config: Path, *args: str) -> str:
-    return torchrun(["-m", "rmkit", "train", "--config", str(config), *args], ENV)
+    return torchrun(["-m", "rmkit", "train", "--config", str(config), *args], CHILD_ENV)
 
 
 def steps_kept(out: Path) -> list[int]:
@@ -99,7 +96,7 @@ def test_sigkill_then_resume_sharded_matches_uninterrupted_run(assets, two_proce
     out = tmp_path / "run"
     config = write_config(tmp_path / "rm.yaml", assets, out)
     kill_at = random.Random().randint(SAVE_PERIOD + 1, STEPS - 2)  # after the first checkpoint
-    proc = start_torchrun(["-m", "rmkit", "train", "--config", str(config)], ENV)
+    proc = start_torchrun(["-m", "rmkit", "train", "--config", str(config)], CHILD_ENV)
     deadline = time.monotonic() + 240
     while logged_steps(out / "logs" / "metrics.jsonl") < kill_at:
         assert proc.poll() is None, f"run ended before step {kill_at}: {proc.stderr.read()[-3000:]}"

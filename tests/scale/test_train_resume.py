@@ -6,7 +6,6 @@ this process (it saves the ~10 s of imports per run), with the same single threa
 """
 
 import json
-import os
 import random
 import signal
 import subprocess
@@ -20,10 +19,9 @@ import yaml
 from safetensors.torch import load_file
 
 from rmkit import cli
+from tests.scale.launch import CHILD_ENV
 from tests.scale.tiny import make_tiny_decoder, write_pairs
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "RMKIT_NUM_THREADS": "1"}
 STEPS, SAVE_PERIOD, VAL_PERIOD = 30, 5, 5
 TIMING_KEYS = ("train/pairs_per_s", "train/tokens_per_s")  # wall-clock numbers differ between runs
 
@@ -53,7 +51,7 @@ def write_config(path: Path, assets, out: Path, **checkpointing) -> Path:
 
 def rmkit_train_subprocess(*args) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "rmkit", "train", *map(str, args)]
-    return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(cmd, env=CHILD_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def rmkit_train(capsys, *args) -> str:
