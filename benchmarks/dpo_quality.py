@@ -1,11 +1,13 @@
-"""Which beta and learning rate should `rmkit dpo` default to? Variants of configs/dpo.yaml trained on part of
-hh_harmless_train, compared on a dev split carved from the same file; the choice is then reported once on
-hh_harmless_val, with the score the HH reward model gives the policy's greedy answers before and after.
+"""Which beta, learning rate and number of epochs should `rmkit dpo` default to? Variants of configs/dpo.yaml
+trained on part of hh_harmless_train, compared on a dev split carved from the same file; the choice is then
+reported once on hh_harmless_val, with the score the HH reward model gives the policy's greedy answers before
+and after.
 
 The dev split is quality_vs_trl.py's (`--dev-pairs` lines drawn with `--split-seed`: the reward-model study's
-split). Every variant trains one epoch over the same `--train-pairs` pairs drawn from the rest, through the
-real `rmkit dpo` CLI in a subprocess, all sharing one cached reference pass. A variant is `LABEL` (the config
-as it is) or `LABEL:KEY=VALUE[+KEY=VALUE...]` (dotted config overrides).
+split). Every variant trains over the same `--train-pairs` pairs drawn from the rest (one epoch unless it sets
+`dpo.max_num_epochs`), through the real `rmkit dpo` CLI in a subprocess, all sharing one cached reference
+pass. A variant is `LABEL` (the config as it is) or `LABEL:KEY=VALUE[+KEY=VALUE...]` (dotted config
+overrides).
 
 Scoring is independent of the recipe: each response's summed log-prob given its prompt by the exported model,
 through transformers' own KV cache (`dpo_vs_trl.response_logprob_sums`), against the same sums of the starting
@@ -43,7 +45,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--variants", default=DEFAULT_VARIANTS)
     parser.add_argument("--config", type=Path, default=common.REPO_ROOT / "configs" / "dpo.yaml")
-    parser.add_argument("--train-pairs", type=int, default=384, help="pairs each variant trains on (one epoch)")
+    parser.add_argument("--train-pairs", type=int, default=384, help="pairs each variant trains on")
     parser.add_argument("--dev-pairs", type=int, default=300)
     parser.add_argument("--split-seed", type=int, default=20261123)
     parser.add_argument("--warmup-steps", type=int, default=3, help="policy.scheduler.warmup_steps for every variant")
@@ -64,8 +66,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def study_config(args: argparse.Namespace, train_path: Path, policy_dir: Path, run_dir: Path) -> Path:
-    """configs/dpo.yaml pointed at the study's data and policy: one epoch, no validation or samples (scored
-    outside), the study's warmup, quiet logging."""
+    """configs/dpo.yaml pointed at the study's data and policy: one epoch (a variant's overrides come after it),
+    no validation or samples (scored outside), the study's warmup, quiet logging."""
     cfg = yaml.safe_load(args.config.read_text(encoding="utf-8"))
     cfg["dpo"].update(max_num_epochs=1, max_num_steps=None, val_period=0, val_at_start=False, val_at_end=False,
                       num_sample_generations=0)
