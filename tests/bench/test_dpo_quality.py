@@ -14,7 +14,8 @@ from tests.bench.test_harness import tiny_bert_reward_model
 @pytest.mark.slow  # ~1 min: two `rmkit dpo` subprocesses and 600 scored sequences
 def test_dpo_quality_end_to_end(tiny_policy, shared_data, tmp_path):
     out = tmp_path / "dpo_quality.json"
-    variants = "slow:policy.train_global_batch_size=4,fast:policy.train_global_batch_size=4+policy.optimizer.lr=1e-3"
+    variants = ("slow:policy.train_global_batch_size=4,"
+                "fast:policy.train_global_batch_size=4+policy.optimizer.lr=1e-3+dpo.max_num_epochs=2")
     argv = ["--policy", tiny_policy, "--reward-model", str(tiny_bert_reward_model(tmp_path / "rm")),
             "--variants", variants, "--train-pairs", "8", "--dev-pairs", "6", "--warmup-steps", "0", "--prompts", "3",
             "--max-new-tokens", "4", "--threads", "1", "--final", "--data-dir", str(shared_data),
@@ -23,8 +24,10 @@ def test_dpo_quality_end_to_end(tiny_policy, shared_data, tmp_path):
     payload = json.loads(out.read_text())
     runs = {r["variant"]: r for r in payload["runs"]}
     assert list(runs) == ["slow", "fast"]
+    # 8 pairs, 4 per step: one epoch is 2 steps; a variant's dpo.max_num_epochs wins over the study's one epoch
+    assert runs["slow"]["steps"] == 2 and runs["fast"]["steps"] == 4
     for run in runs.values():
-        assert run["steps"] == 2 and math.isfinite(run["final_train_loss"])  # 8 pairs, 4 per step, one epoch
+        assert math.isfinite(run["final_train_loss"])
         assert len(run["dev_correct"]) == 6 and math.isclose(run["dev_accuracy"], sum(run["dev_correct"]) / 6, rel_tol=1e-6)
     assert runs["fast"]["lr"] == 1e-3 and runs["slow"]["lr"] == 5e-6
     assert abs(runs["fast"]["dev_margin_mean"]) > abs(runs["slow"]["dev_margin_mean"])  # lr 1e-3 moved it further
