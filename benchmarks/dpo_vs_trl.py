@@ -311,8 +311,9 @@ def run(args: argparse.Namespace, data: dict, side: str, repeat: int) -> dict:
 def response_logprob_sums(model_dir: str, pairs: list[dict]) -> torch.Tensor:
     """`[P, 2]`: each pair's summed log-probs of its chosen and rejected response tokens given the prompt, by the
     causal LM in `model_dir` (float32). Independent of rmkit's shared-prefix rows: the prompt runs alone once
-    (transformers' KV cache, copied by `rmkit.generation.run_with_copied_cache`), then the two responses continue from a copy of its cache as a batch of two,
-    right-padded (a causal model's real tokens never see the padding after them)."""
+    with transformers' KV cache, which `rmkit.generation.run_with_copied_cache` copies to two rows; the two
+    responses continue from it as a batch of two, right-padded (a causal model's real tokens never see the
+    padding after them)."""
     from transformers import AutoModelForCausalLM
 
     from rmkit.generation import run_with_copied_cache

@@ -130,7 +130,8 @@ def _shared_prompt_cache(model, prompts: Sequence[Sequence[int]], ids: torch.Ten
 def run_with_copied_cache(model, rows: torch.Tensor, **inputs) -> tuple[Any, dict]:
     """Run `inputs` through `model` keeping its key/value cache, then copy that cache to `rows` (row r takes
     the keys/values of input row `rows[r]`). Returns the model's output and the keyword arguments with which a
-    forward or `generate` goes on from the copied cache (`cache` in recent transformers, `past_key_values` in older ones)."""
+    forward or `generate` goes on from the copied cache (`cache` in recent transformers, `past_key_values` in
+    older ones)."""
     out = model(**inputs, use_cache=True)
     keyword = "cache" if hasattr(out, "cache") else "past_key_values"
     cache = getattr(out, keyword)
