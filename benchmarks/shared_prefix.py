@@ -38,15 +38,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def unshared_logits(model, batch, pad_id):
-    from rmkit.recipes.dpo_logprobs import pair_batch
+    from rmkit.models.pair_logprobs import pair_batch
 
     data = pair_batch(batch, pad_id)
     return model(input_ids=data["input_ids"], attention_mask=data["attention_mask"], use_cache=False).logits, data
 
 
 def shared_logits(model, batch, pad_id):
+    from rmkit.models.pair_logprobs import pair_batch
     from rmkit.models.shared_prefix import shared_prefix_logits
-    from rmkit.recipes.dpo_logprobs import pair_batch
 
     groups = [(p.prompt_ids, (p.chosen_ids, p.rejected_ids)) for p in batch]
     return shared_prefix_logits(model, groups, pad_id), pair_batch(batch, pad_id)

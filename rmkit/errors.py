@@ -30,3 +30,8 @@ class ConfigError(UserError):
     def __init__(self, key: str, message: str):
         self.key, self.message = key, message
         super().__init__(f"config key '{key}': {message}")
+
+
+class TrainingDiverged(RuntimeError):
+    """The training loss, or the policy's logits while it samples, became NaN or infinite; the step that met
+    it was not applied. Every recipe raises it; the CLI reports it without a traceback, exit status 1."""

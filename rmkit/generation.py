@@ -24,6 +24,7 @@ import torch
 
 from rmkit.data.tokenize import as_messages, encode_text, render_plain
 from rmkit.distributed import is_sharded
+from rmkit.errors import TrainingDiverged
 
 
 @dataclass
@@ -90,14 +91,17 @@ def generate_completions(model, tokenizer, prompts: Sequence[Sequence[int]], par
     with torch.random.fork_rng(devices=[]) if generator is not None else contextlib.nullcontext():
         if generator is not None:
             torch.set_rng_state(generator.get_state())
+        guard = NonFiniteGuard()
         out = model.generate(input_ids=ids, attention_mask=mask, **_shared_prompt_cache(model, prompts, ids, mask),
                              max_new_tokens=params.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
                              eos_token_id=tokenizer.eos_token_id, output_logits=True, return_dict_in_generate=True,
                              # FSDP2: a rank that is done keeps running forwards (they all-gather) until all are
-                             synced_gpus=is_sharded(model), **options, **_stop_options(params, tokenizer))
+                             synced_gpus=is_sharded(model), logits_processor=[guard], **options,
+                             **_stop_options(params, tokenizer))
         if generator is not None:
             generator.set_state(torch.get_rng_state())
     model.train(was_training)
+    guard.check()
     new = out.sequences[:, ids.shape[1]:].cpu()
     logits = torch.stack(out.logits, dim=1).float().cpu()  # [B, T, V]: the raw logits of each generated step
     scaled = logits if greedy else logits / params.temperature
@@ -137,6 +141,24 @@ def run_with_copied_cache(model, rows: torch.Tensor, **inputs) -> tuple[Any, dic
     cache = getattr(out, keyword)
     cache.reorder_cache(rows)
     return out, {keyword: cache}
+
+
+class NonFiniteGuard:
+    """A logits processor for `generate`: a NaN or +inf score would crash sampling inside `torch.multinomial`
+    with a message about probabilities. It notes such scores in a device flag (no host sync per token) and
+    hands the sampler zeros in their place so `generate` finishes; `check()` then raises `TrainingDiverged`."""
+
+    def __init__(self):
+        self.seen: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        bad = torch.isnan(scores) | torch.isposinf(scores)  # -inf is a filtered token (top-k, top-p), not a fault
+        self.seen = bad.any() if self.seen is None else self.seen | bad.any()
+        return scores.masked_fill(bad, 0.0)
+
+    def check(self) -> None:
+        if self.seen is not None and bool(self.seen):
+            raise TrainingDiverged("the policy's logits became NaN or infinite while it generated")
 
 
 def _stop_options(params: SamplingParams, tokenizer) -> dict:

@@ -24,6 +24,7 @@ def main(argv: list[str]) -> int:
 
     cfg = recipe_config(args, GRPOConfig)
 
+    from rmkit.errors import TrainingDiverged
     from rmkit.recipes.grpo import train  # heavy imports only once the config is valid
     from rmkit.recipes.grpo_rollout import RolloutFailed
 
@@ -31,6 +32,9 @@ def main(argv: list[str]) -> int:
         result = train(cfg)
     except RolloutFailed as err:
         print(f"rmkit grpo: stopped: {err}", file=sys.stderr)
+        return 1
+    except TrainingDiverged as err:
+        print(f"rmkit grpo: training failed: {err}", file=sys.stderr)
         return 1
     from rmkit import distributed as dist
 
@@ -43,7 +47,7 @@ def main(argv: list[str]) -> int:
     print(f"""
 Policy saved to {d} ({result.steps} steps)
   logs and metrics: {result.log_dir}/metrics.jsonl (tensorboard --logdir {result.log_dir})
-  sample generations: {result.log_dir}/generations/
+  sample generations: {result.log_dir}/samples.jsonl
   plots:            {', '.join(str(p) for p in result.plots) or '(none)'}
 
 Use it:

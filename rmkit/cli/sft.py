@@ -24,7 +24,8 @@ def main(argv: list[str]) -> int:
 
     cfg = recipe_config(args, SFTTree)
 
-    from rmkit.recipes.sft import TrainingDiverged, train  # heavy imports only once the config is valid
+    from rmkit.errors import TrainingDiverged
+    from rmkit.recipes.sft import train  # heavy imports only once the config is valid
 
     try:
         result = train(cfg)
@@ -35,8 +36,8 @@ def main(argv: list[str]) -> int:
 
     if not dist.is_main():  # under torchrun, rank 0 reports
         return 0
-    print(f"rmkit: trained {result.steps} steps at {result.sequences_per_s:.2f} sequences/s, "
-          f"{result.tokens_per_s:.0f} tokens/s (training only, validation excluded)", file=sys.stderr)
+    print(f"rmkit: trained {result.steps} steps at {result.rates['sequences/s']:.2f} sequences/s, "
+          f"{result.rates['tokens/s']:.0f} tokens/s (training only, validation excluded)", file=sys.stderr)
     if result.val_metrics:
         print("rmkit: final validation: " + ", ".join(
             f"{k} {v:.4f}" for k, v in result.val_metrics.items() if k.endswith(("/loss", "/token_acc"))), file=sys.stderr)

@@ -39,7 +39,8 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     cfg = recipe_config(args)
 
-    from rmkit.recipes.rm import TrainingDiverged, train  # heavy imports only once the config is valid
+    from rmkit.errors import TrainingDiverged
+    from rmkit.recipes.rm import train  # heavy imports only once the config is valid
 
     try:
         result = train(cfg)
@@ -50,8 +51,8 @@ def main(argv: list[str]) -> int:
 
     if not dist.is_main():  # under torchrun, rank 0 reports
         return 0
-    print(f"rmkit: trained {result.steps} steps at {result.pairs_per_s:.2f} pairs/s, "
-          f"{result.tokens_per_s:.0f} tokens/s (training only, validation excluded)", file=sys.stderr)
+    print(f"rmkit: trained {result.steps} steps at {result.rates['pairs/s']:.2f} pairs/s, "
+          f"{result.rates['tokens/s']:.0f} tokens/s (training only, validation excluded)", file=sys.stderr)
     if result.val_metrics:
         print("rmkit: final validation: " + ", ".join(
             f"{k} {v:.4f}" for k, v in result.val_metrics.items() if k.endswith(("/acc", "/loss"))), file=sys.stderr)

@@ -155,7 +155,7 @@ class RewardForward(torch.nn.Module):
 
     One padded batch's reward computation as a module, so that `torch.compile` (in place) sees all of it;
     `self.model` is the trained model (peft or plain). The training loop runs it once per chunk of rows
-    inside `rmkit.recipes.rm_step.ChunkedRewards` (or `SharedPromptRewards`), the module DDP wraps.
+    inside `rmkit.models.reward_forward.ChunkedRewards` (or `SharedPromptRewards`), the module DDP wraps.
     """
 
     def __init__(self, model: torch.nn.Module):

@@ -18,18 +18,15 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import json
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from rmkit import distributed as dist
-from rmkit.config import save_config
 from rmkit.data.sampler import LengthGroupedBatchSampler
-from rmkit.errors import ConfigError
+from rmkit.errors import ConfigError, TrainingDiverged
 from rmkit.generation import SamplingParams
 from rmkit.losses import reduce_metrics
 from rmkit.losses.policy_gradient import ClippedPGLossFn
@@ -47,29 +44,19 @@ from rmkit.recipes.grpo_rollout import (
     slice_rows,
     training_batch,
 )
+from rmkit.trainer.accumulate import accumulate
 from rmkit.trainer.export import export_policy
 from rmkit.trainer.optim import build_optimizer, build_scheduler, optimizer_step
 from rmkit.trainer.plots import plot_curves
 from rmkit.trainer.progress import ProgressBar
-from rmkit.trainer.resume import resolve_resume, restore_rng, restore_training_state, save_training_checkpoint
-from rmkit.trainer.run_log import RunLogger, open_logger
-from rmkit.trainer.sharding import gather_full_model, shard_policy
-from rmkit.trainer.state import TrainState, seed_everything, set_threads
+from rmkit.trainer.resume import restore_rng, save_training_checkpoint
+from rmkit.trainer.run import Cadence, RunResult, check_finite, finish_run, resume, run_batches, start_run
+from rmkit.trainer.run_log import RunLogger, announce, append_samples, open_logger
+from rmkit.trainer.sharding import shard_policy
+from rmkit.trainer.state import TrainState
 
 CURVES = {"reward": ["train/reward", "validation/reward_mean"], "KL to the reference": ["train/kl_penalty"],
           "generated tokens": ["train/mean_gen_tokens_per_sample", "validation/mean_gen_tokens_per_sample"]}
-
-
-@dataclass
-class GRPOResult:
-    """What a finished run produced."""
-
-    final_dir: Path
-    log_dir: Path
-    steps: int
-    val_metrics: dict[str, float] = field(default_factory=dict)
-    plots: list[Path] = field(default_factory=list)
-
 
 
 def reference_policy(cfg: GRPOConfig, model, info: dist.DistInfo):
@@ -97,31 +84,24 @@ def check_layout(cfg: GRPOConfig, world: int) -> None:
                           f"train_micro_batch_size {m}")
 
 
-def train(cfg: GRPOConfig) -> GRPOResult:
+def train(cfg: GRPOConfig) -> RunResult:
     """Optimize the policy against the reward model as `cfg` says; the policy goes to `<checkpoint_dir>/final/`."""
-    # --- setup: threads, seeds, output folders, the resolved config
-    set_threads(cfg.policy.num_threads)
-    seed_everything(cfg.grpo.seed)
-    info = dist.init_distributed()
-    device, world = info.device, dist.world_size()
+    run = start_run(cfg, cfg.grpo)  # threads, seed, torchrun, folders, the saved config
+    device, world = run.device, dist.world_size()
     check_layout(cfg, world)
-    out_dir = Path(cfg.checkpointing.checkpoint_dir)
-    log_dir = Path(cfg.logger.log_dir) if cfg.logger.log_dir else out_dir / "logs"
-    if dist.is_main():
-        save_config(cfg, out_dir / "config.yaml")
 
     # --- policy, reference, reward environment, prompts
     model, tokenizer = load_training_policy(cfg.policy, device)
-    reference = reference_policy(cfg, model, info)
+    reference = reference_policy(cfg, model, run.info)
     if cfg.policy.dtensor_cfg.enabled:  # FSDP2 under torchrun: shard the model in place (gradients summed)
-        shard_policy(model, cfg.policy, info)
+        shard_policy(model, cfg.policy, run.info)
         trained = model
     else:  # DDP sums gradients over ranks (rmkit.distributed)
-        trained = dist.wrap_data_parallel(model, info)
+        trained = dist.wrap_data_parallel(model, run.info)
     env = build_environment(cfg)
-    train_prompts = load_prompt_set(cfg.data.train_data_path, cfg, tokenizer, out_dir / "rejects-train.jsonl", "train")
-    val_prompts = [p for name, path in cfg.data.val_data_paths.items()
-                   for p in load_prompt_set(path, cfg, tokenizer, out_dir / f"rejects-{name}.jsonl", f"validation-{name}")]
+    train_prompts = load_prompt_set(cfg.data.train_data_path, cfg, tokenizer, run.out_dir / "rejects-train.jsonl", "train")
+    val_prompts = {name: load_prompt_set(path, cfg, tokenizer, run.out_dir / f"rejects-{name}.jsonl", f"validation-{name}")
+                   for name, path in cfg.data.val_data_paths.items()}
     if len(train_prompts) < cfg.grpo.num_prompts_per_step:
         raise ConfigError("grpo.num_prompts_per_step", f"{cfg.grpo.num_prompts_per_step} is more than the "
                           f"{len(train_prompts)} training prompts")
@@ -130,7 +110,7 @@ def train(cfg: GRPOConfig) -> GRPOResult:
     generator = torch.Generator().manual_seed(cfg.grpo.seed * 1000 + dist.rank())
     params = SamplingParams(**vars(cfg.policy.generation))
 
-    # --- optimizer, schedule, loss, state
+    # --- optimizer, schedule, loss, state; resume (the sampling generator too, so rollouts repeat exactly)
     rollout_size = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
     updates_per_step = rollout_size // cfg.policy.train_global_batch_size
     steps = min(cfg.grpo.max_num_steps, cfg.grpo.max_num_epochs * len(sampler))
@@ -138,80 +118,68 @@ def train(cfg: GRPOConfig) -> GRPOResult:
     scheduler = build_scheduler(optimizer, cfg.policy.scheduler, steps * updates_per_step)
     state = TrainState(model, optimizer, scheduler, sampler)
     loss_fn = ClippedPGLossFn(cfg.loss_fn.as_dict())
-
-    # --- resume: weights, optimizer, schedule, prompt order, sampling generator, RNG, step
-    resume_from = resolve_resume(out_dir, cfg.checkpointing.resume)
-    saved = restore_training_state(resume_from, state, device) if resume_from else {}
-    if resume_from:
+    saved = resume(run, state)
+    if run.resume_from:
         generators = saved["generators"]
         generator.set_state(generators[dist.rank()] if len(generators) == world else generators[0])
-    logger = open_logger(cfg, log_dir, state.step if resume_from else None, state.step >= steps)
-    if dist.is_main():
-        if resume_from:
-            print(f"rmkit: resuming from {resume_from} (step {state.step})", file=sys.stderr)
-        print(f"rmkit: GRPO on {cfg.policy.model_name} ({sum(p.numel() for p in model.parameters() if p.requires_grad):,}"
-              f" trainable parameters) for {steps} steps of {cfg.grpo.num_prompts_per_step} prompts x "
-              f"{cfg.grpo.num_generations_per_prompt} on {device} with {torch.get_num_threads()} threads", file=sys.stderr)
+    logger = open_logger(cfg, run.log_dir, state.step if run.resume_from else None, state.step >= steps)
+    announce(f"GRPO on {cfg.policy.model_name}", model, f"{steps} steps of {cfg.grpo.num_prompts_per_step} prompts x "
+             f"{cfg.grpo.num_generations_per_prompt}", device, cfg.policy.precision)
     val_metrics = saved.get("val_metrics", {})
-    if cfg.grpo.val_at_start and not resume_from:
-        val_metrics = run_validation(cfg, model, tokenizer, env, val_prompts, params, logger, log_dir, 0)
+    if cfg.grpo.val_at_start and not run.resume_from:
+        val_metrics = run_validation(cfg, model, tokenizer, env, val_prompts, params, logger, run.log_dir, 0)
 
     # --- the loop
-    if resume_from:
+    if run.resume_from:
         restore_rng(saved)
     bar = ProgressBar(steps, cfg.logger.progress_bar and dist.is_main(), initial=state.step)
-    while state.step < steps and state.epoch < cfg.grpo.max_num_epochs:
-        sampler.set_epoch(state.epoch)
-        for indices in sampler:
-            step_start = time.perf_counter()
-            prompts = [train_prompts[i] for i in indices]
-            metrics = grpo_step(cfg, model, trained, tokenizer, env, reference, loss_fn, optimizer, scheduler,
-                                prompts, params, generator, state.step)
-            state.step += 1
-            metrics["timing/train/total_step_time"] = time.perf_counter() - step_start
-            bar.advance(reward=metrics["train/reward"], kl=metrics["train/kl_penalty"],
-                        gen_tokens=metrics["train/mean_gen_tokens_per_sample"])
-            last = state.step == steps
-            if state.step % cfg.grpo.log_period == 0 or last:
-                logger.log(metrics, state.step)
-            if cfg.grpo.val_period and state.step % cfg.grpo.val_period == 0 and not last:
-                val_metrics = run_validation(cfg, model, tokenizer, env, val_prompts, params, logger, log_dir, state.step)
-            ckpt = cfg.checkpointing
-            if ckpt.enabled and ckpt.save_period and state.step % ckpt.save_period == 0 and not last:
-                save_checkpoint(cfg, state, val_metrics, generator, tokenizer)
-            if last:
-                break
-        state.epoch += 1
+    when = Cadence.of(cfg, cfg.grpo, steps)
+    for indices in run_batches(state, steps, cfg.grpo.max_num_epochs):
+        step_start = time.perf_counter()
+        prompts = [train_prompts[i] for i in indices]
+        metrics = grpo_step(cfg, state, trained, tokenizer, env, reference, loss_fn, prompts, params, generator)
+        state.step += 1
+        metrics["timing/train/total_step_time"] = time.perf_counter() - step_start
+        bar.advance(reward=metrics["train/reward"], kl=metrics["train/kl_penalty"],
+                    gen_tokens=metrics["train/mean_gen_tokens_per_sample"])
+        if when.log(state.step):
+            logger.log(metrics, state.step)
+        if when.validate(state.step):
+            val_metrics = run_validation(cfg, model, tokenizer, env, val_prompts, params, logger, run.log_dir,
+                                         state.step)
+        if when.save(state.step):
+            save_checkpoint(cfg, state, val_metrics, generator, tokenizer)
     bar.close()
     if cfg.grpo.val_at_end or not val_metrics:
-        val_metrics = run_validation(cfg, model, tokenizer, env, val_prompts, params, logger, log_dir, state.step)
-    if cfg.checkpointing.enabled:
-        save_checkpoint(cfg, state, val_metrics, generator, tokenizer)
-    logger.close()
+        val_metrics = run_validation(cfg, model, tokenizer, env, val_prompts, params, logger, run.log_dir, state.step)
     env.shutdown()
 
-    # --- export and plots (rank 0)
-    final_dir = out_dir / "final"
+    # --- the last checkpoint (with every rank's sampling generator), the export (rank 0) and plots
+    final_dir = finish_run(run, state, logger, val_metrics, tokenizer,
+                           export=lambda whole, folder: export_policy(whole, tokenizer, folder, cfg),
+                           load_unsharded=lambda: load_training_policy(cfg.policy, torch.device("cpu"))[0],
+                           extra={"generators": dist.all_gather_object(generator.get_state())})
     plots = []
-    model = gather_full_model(model, lambda: load_training_policy(cfg.policy, torch.device("cpu"))[0])
-    if dist.is_main():
-        export_policy(model, tokenizer, final_dir, cfg)
-        if cfg.logger.plots:
-            plots = [p for p in [plot_curves(logger.history, log_dir / "grpo_curves.png", CURVES)] if p]
+    if cfg.logger.plots and dist.is_main():
+        plots = [p for p in [plot_curves(logger.history, run.log_dir / "grpo_curves.png", CURVES)] if p]
     dist.destroy()
-    return GRPOResult(final_dir, log_dir, state.step, val_metrics, plots)
+    return RunResult(final_dir, run.log_dir, state.step, val_metrics, {}, plots)
 
 
-def grpo_step(cfg, model, trained, tokenizer, env, reference, loss_fn, optimizer, scheduler, prompts, params,
-              generator, step) -> dict[str, float]:
+def grpo_step(cfg, state, trained, tokenizer, env, reference, loss_fn, prompts, params, generator) -> dict[str, float]:
     """One rollout and its updates; returns the step's metrics (NeMo RL's names). A prompt's group index is its
     position in the step's global prompt batch."""
-    timing, policy = {}, cfg.policy
+    timing, policy, model = {}, cfg.policy, state.model
     t0 = time.perf_counter()
-    rollout = generate_rollout(model, tokenizer, prompts, dist.rank() * len(prompts), cfg.grpo.num_generations_per_prompt, params,
-                               policy.generation_batch_size, generator)
+    try:
+        rollout = generate_rollout(model, tokenizer, prompts, dist.rank() * len(prompts),
+                                   cfg.grpo.num_generations_per_prompt, params, policy.generation_batch_size, generator)
+    except TrainingDiverged as err:
+        raise TrainingDiverged(f"{err} at step {state.step + 1}; no update was applied. Lower "
+                               f"policy.optimizer.lr (now {policy.optimizer.lr}) or raise "
+                               "loss_fn.reference_policy_kl_penalty, and resume from the last checkpoint.") from None
     timing["generation"], t0 = time.perf_counter() - t0, time.perf_counter()
-    rewards = score_rollout(env, rollout, step)
+    rewards = score_rollout(env, rollout, state.step)
     timing["reward_calculation"], t0 = time.perf_counter() - t0, time.perf_counter()
     batch = training_batch(rollout, tokenizer.pad_token_id)
     if needs_prev_logprobs_pass(cfg, len(batch["input_ids"])):  # else update_policy takes them on the way
@@ -219,12 +187,13 @@ def grpo_step(cfg, model, trained, tokenizer, env, reference, loss_fn, optimizer
                                                 params.temperature, policy.precision)
     if reference is not None:
         with reference() as ref_model:
-            batch["reference_policy_logprobs"] = batch_logprobs(model if ref_model is None else ref_model, batch, policy.train_micro_batch_size,
-                                                                params.temperature, policy.precision)
+            batch["reference_policy_logprobs"] = batch_logprobs(model if ref_model is None else ref_model, batch,
+                                                                policy.train_micro_batch_size, params.temperature,
+                                                                policy.precision)
     timing["policy_and_reference_logprobs"], t0 = time.perf_counter() - t0, time.perf_counter()
     batch["advantages"] = compute_advantages(cfg, rewards, rollout.group_index, batch)
     batch["rewards"] = rewards
-    train_metrics = update_policy(cfg, model, trained, batch, loss_fn, optimizer, scheduler, params.temperature)
+    train_metrics = update_policy(cfg, state, trained, batch, loss_fn, params.temperature)
     timing["policy_training"] = time.perf_counter() - t0
     metrics = {**rollout_metrics(rollout, rewards, batch, timing["generation"]), **train_metrics}
     return {**metrics, **{f"timing/train/{k}": v for k, v in timing.items()}}
@@ -241,12 +210,13 @@ def needs_prev_logprobs_pass(cfg, rows: int) -> bool:
     return several_updates or kl_in_reward
 
 
-def update_policy(cfg, model, trained, batch, loss_fn, optimizer, scheduler, temperature) -> dict[str, float]:
+def update_policy(cfg, state, trained, batch, loss_fn, temperature) -> dict[str, float]:
     """Optimizer steps over the rollout, `train_global_batch_size` completions each (this rank: its share),
     split into micro-batches whose losses are divided by the global counts; loss metrics averaged over the
     optimizer steps (min / max reduced). Without `prev_logprobs` in `batch` (one step per rollout), each
-    micro-batch's come from its own training forward."""
-    policy, device, world = cfg.policy, next(model.parameters()).device, dist.world_size()
+    micro-batch's come from its own training forward. A non-finite loss stops the run before its update."""
+    policy, model, world = cfg.policy, state.model, dist.world_size()
+    device = next(model.parameters()).device
     per_rank, micro = policy.train_global_batch_size // world, policy.train_micro_batch_size
     steps = []
     for start in range(0, len(batch["input_ids"]), per_rank):
@@ -254,20 +224,22 @@ def update_policy(cfg, model, trained, batch, loss_fn, optimizer, scheduler, tem
         sample_mask = rows["sample_mask"]
         counts = torch.stack([sample_mask.sum(), (rows["token_mask"][:, 1:] * sample_mask[:, None]).sum()])
         gvs, gvt = dist.all_reduce_sum(counts.to(device)).unbind()
-        mb_metrics = []
-        for m in range(0, per_rank, micro):
+
+        def run_micro(m, rows=rows, gvs=gvs, gvt=gvt):
             mb = slice_rows(rows, m, m + micro, device)
-            with dist.sync_gradients(trained, m + micro >= per_rank):
-                logits = policy_logits(trained, mb, temperature, policy.precision)
-                if "prev_logprobs" not in mb:
-                    mb["prev_logprobs"] = row_logprobs(logits, mb["input_ids"])
-                loss, metrics = loss_fn(logits, mb, gvs, gvt)
-                loss.backward()
+            logits = policy_logits(trained, mb, temperature, policy.precision)
+            if "prev_logprobs" not in mb:
+                mb["prev_logprobs"] = row_logprobs(logits, mb["input_ids"])
+            loss, metrics = loss_fn(logits, mb, gvs, gvt)
             metrics["clipped_fraction"] = clipped_fraction(cfg, logits.detach(), mb, gvt)
-            mb_metrics.append(metrics)
-        metrics = reduce_metrics(mb_metrics)
-        metrics["lr"] = scheduler.get_last_lr()[0]
-        metrics["grad_norm"] = optimizer_step(model, optimizer, scheduler, policy.max_grad_norm)
+            return loss, metrics
+
+        metrics = reduce_metrics(accumulate(trained, list(range(0, per_rank, micro)), run_micro))
+        check_finite(float(dist.all_reduce_sum(torch.as_tensor(metrics["loss"], device=device).detach().clone())),
+                     state, f"Lower policy.optimizer.lr (now {policy.optimizer.lr}), set policy.max_grad_norm, or "
+                            "check the rewards of this rollout.")
+        metrics["lr"] = state.scheduler.get_last_lr()[0]
+        metrics["grad_norm"] = optimizer_step(model, state.optimizer, state.scheduler, policy.max_grad_norm)
         steps.append(metrics)
     return _mean_over_updates(steps)
 
@@ -323,21 +295,26 @@ def rollout_metrics(rollout, rewards: torch.Tensor, batch: dict, generation_s: f
     }
 
 
-def run_validation(cfg, model, tokenizer, env, prompts, params, logger: RunLogger, log_dir: Path, step: int) -> dict:
-    """One completion per held-out prompt (the first `max_val_samples`, this rank's share), sampled from a
-    generator seeded the same way each time; logs `validation/reward_mean` (and std, length) and writes the
-    generations (prompt, completion, reward) to `<log_dir>/generations/step_<N>.jsonl`."""
-    if not prompts:  # no data.val_data_paths
+def run_validation(cfg, model, tokenizer, env, val_sets: dict[str, list], params, logger: RunLogger, log_dir: Path,
+                   step: int) -> dict:
+    """One completion per held-out prompt (the first `max_val_samples` over the sets in order, this rank's
+    share), sampled from a generator seeded the same way each time; logs `validation/reward_mean` (and std,
+    length) and appends the generations with their rewards to `<log_dir>/samples.jsonl`."""
+    named = [(name, p) for name, prompts in val_sets.items() for p in prompts][:cfg.grpo.max_val_samples]
+    if not named:  # no data.val_data_paths
         return {}
-    first, prompts = prompts[0], dist.shard(prompts[:cfg.grpo.max_val_samples])
-    mine = len(prompts)
+    first, named = named[0][1], dist.shard(named)
+    prompts, mine = [p for _, p in named], len(named)
     if dist.is_sharded(model):  # FSDP2: as many generate calls on every rank; the extra completions are dropped
         prompts += [first] * (int(dist.all_reduce(torch.tensor(mine), "max")) - mine)
     generator = torch.Generator().manual_seed(cfg.grpo.seed + 7919 * (dist.rank() + 1))
-    rollout = generate_rollout(model, tokenizer, prompts, 0, 1, params, cfg.grpo.val_batch_size, generator)
+    try:
+        rollout = generate_rollout(model, tokenizer, prompts, 0, 1, params, cfg.grpo.val_batch_size, generator)
+    except TrainingDiverged as err:
+        raise TrainingDiverged(f"{err} during the validation after step {step}") from None
     rewards = score_rollout(env, rollout, step - 1)
-    samples = [{"source": p.source, "prompt": p.prompt, "completion": t, "reward": r, "truncated": bool(c)}
-               for p, t, r, c in zip(rollout.prompts, rollout.text, rewards.tolist(), rollout.truncated)][:mine]
+    samples = [{"set": name, "source": p.source, "prompt": p.prompt, "completion": t, "reward": r, "truncated": bool(c)}
+               for (name, p), t, r, c in zip(named, rollout.text, rewards.tolist(), rollout.truncated)]
     samples = [s for part in dist.all_gather_object(samples) for s in part]
     rewards_all = torch.tensor([s["reward"] for s in samples])
     lengths = dist.all_gather_cat(torch.tensor([len(c) for c in rollout.completion_ids[:mine]], dtype=torch.float32))
@@ -346,10 +323,8 @@ def run_validation(cfg, model, tokenizer, env, prompts, params, logger: RunLogge
                "validation/mean_gen_tokens_per_sample": lengths.mean().item(),
                "validation/num_samples": float(len(samples))}
     logger.log(metrics, step)
+    path = append_samples(log_dir, step, samples)
     if dist.is_main():
-        path = log_dir / "generations" / f"step_{step}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(s, ensure_ascii=False) + "\n" for s in samples), encoding="utf-8")
         print(f"rmkit: step {step}: validation/reward_mean {metrics['validation/reward_mean']:.4f} "
               f"(std {metrics['validation/reward_std']:.4f}, {metrics['validation/mean_gen_tokens_per_sample']:.1f} "
               f"tokens) -> {path}", file=sys.stderr)
@@ -357,6 +332,7 @@ def run_validation(cfg, model, tokenizer, env, prompts, params, logger: RunLogge
 
 
 def save_checkpoint(cfg, state, val_metrics: dict, generator: torch.Generator, tokenizer) -> None:
-    """`save_training_checkpoint` with every rank's sampling generator (resume reproduces the rollouts)."""
+    """`save_training_checkpoint` with every rank's sampling generator (resume reproduces the rollouts); the
+    last one is `finish_run`'s."""
     generators = dist.all_gather_object(generator.get_state())
     save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics, "generators": generators}, tokenizer)

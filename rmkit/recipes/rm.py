@@ -1,8 +1,11 @@
-"""The reward-model training recipe, top to bottom: config -> model -> data -> optimizer -> loop -> export.
+"""The reward-model recipe, top to bottom: config -> model -> data -> optimizer -> loop -> export.
 
-One global batch per optimizer step, split into micro-batches whose losses are normalized by the global
-batch's counts (exact gradient accumulation). Validation runs every `rm.val_period` steps on every
-validation set. The loop's whole state lives in one `TrainState`.
+A reward model (an encoder or a decoder with a scalar head, or K heads for regression) learns from preference
+pairs with the Bradley-Terry loss `-log sigmoid(r_c - r_r - margin)` (InstructGPT eq. 1; the margin as in
+Llama 2), or from labelled examples with NeMo Aligner's regression loss. One global batch per optimizer step,
+split into micro-batches whose losses are divided by the global batch's counts (exact gradient accumulation,
+`rmkit.trainer.accumulate`). Validation scores through the inference core, as `rmkit eval` does, every
+`rm.val_period` steps on every validation set.
 """
 
 from __future__ import annotations
@@ -10,47 +13,40 @@ from __future__ import annotations
 import math
 import sys
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
+from collections.abc import Sequence
 
 import torch
 
 from rmkit import distributed as dist
-from rmkit.config import Config, save_config
+from rmkit.config import Config
+from rmkit.data.collate import pair_targets, regression_targets
+from rmkit.data.records import MISSING_LABEL
+from rmkit.data.tokenize import TokenizedExample, TokenizedPair
 from rmkit.inference import RewardScorer, contract_for
+from rmkit.losses import PreferenceLoss, RegressionLoss, regression_label_mask
 from rmkit.models import load_reward_model, load_tokenizer
 from rmkit.models.reward import ensure_pad_token, uses_last_token_pooling
-from rmkit.models.setup import RewardForward, prepare_model, resolve_model_name
-from rmkit.recipes.rm_step import STEPS, ChunkedRewards, SharedPromptRewards
+from rmkit.models.reward_forward import (
+    ChunkedRewards,
+    SharedPromptRewards,
+    chunk_overhead,
+    length_grouped_rewards,
+    pair_rewards,
+)
+from rmkit.models.setup import RewardForward, autocast, prepare_model, resolve_model_name
+from rmkit.trainer.accumulate import accumulate, global_metrics, plan_micro_batches
 from rmkit.trainer.export import export_model, reward_stats
 from rmkit.trainer.optim import build_optimizer, build_scheduler, optimizer_step
 from rmkit.trainer.plots import plot_reward_histograms, plot_training_curves
 from rmkit.trainer.progress import ProgressBar, StepWindow
-from rmkit.trainer.resume import (
-    resolve_resume,
-    restore_rng,
-    restore_training_state,
-    save_training_checkpoint,
-)
+from rmkit.trainer.resume import restore_rng, save_training_checkpoint
+from rmkit.trainer.run import Cadence, RunResult, check_finite, finish_run, resume, run_batches, start_run
 from rmkit.trainer.run_data import item_tokens, load_run_data, make_sampler
-from rmkit.trainer.run_log import RunLogger, open_logger
-from rmkit.trainer.sharding import gather_full_model, shard_reward_model
-from rmkit.trainer.state import TrainingDiverged, TrainState, seed_everything, set_threads, total_steps
+from rmkit.trainer.run_log import RunLogger, announce, open_logger
+from rmkit.trainer.sharding import shard_reward_model
+from rmkit.trainer.state import TrainState, total_steps
 from rmkit.trainer.validate import validate, validate_regression
 from rmkit.wrappers import transformers_model
-
-
-@dataclass
-class TrainResult:
-    """What a finished run produced."""
-
-    final_dir: Path
-    log_dir: Path
-    steps: int
-    val_metrics: dict[str, float] = field(default_factory=dict)
-    pairs_per_s: float = 0.0
-    tokens_per_s: float = 0.0
-    plots: list[Path] = field(default_factory=list)
 
 
 def load_model(cfg: Config, device: torch.device):
@@ -67,6 +63,61 @@ def load_model(cfg: Config, device: torch.device):
     return model, tokenizer
 
 
+def bradley_terry_step(forward: torch.nn.Module, pairs: Sequence[TokenizedPair], micro_size: int, pad_token_id: int,
+                       precision: str, device: torch.device) -> dict[str, torch.Tensor]:
+    """Forward/backward of this rank's `pairs` of a global batch through `forward` (`ChunkedRewards` or
+    `SharedPromptRewards`, or DDP around one); returns the global batch's `loss` and `acc` as 0-dim device
+    tensors (no host sync). Gradients are left in `.grad` for the optimizer step."""
+    loss_fn = PreferenceLoss()
+    global_valid_seqs = dist.all_reduce_sum(torch.tensor(2.0 * len(pairs), device=device))
+    overhead = chunk_overhead(forward, device)
+
+    def run_micro(micro):
+        pairs = micro or [TokenizedPair([pad_token_id], [pad_token_id])]
+        targets = pair_targets(pairs)  # sample_mask [2n], margin [n]
+        if micro is None:  # the placeholder row counts for nothing
+            targets["sample_mask"] = torch.zeros_like(targets["sample_mask"])
+        targets = _to(targets, device)
+        with autocast(precision, device):
+            rewards = pair_rewards(forward, pairs, pad_token_id, device, overhead)  # [2n, 1], interleaved
+        return loss_fn(rewards, targets, global_valid_seqs)
+
+    micros = plan_micro_batches(pairs, micro_size, forward, lambda p: max(len(p.chosen_ids), len(p.rejected_ids)))
+    metrics = accumulate(forward, micros, run_micro)
+    totals = global_metrics(metrics, ["loss", "accuracy"])  # each already divided by the global pair count
+    return {"loss": totals["loss"], "acc": totals["accuracy"]}
+
+
+def regression_step(forward: torch.nn.Module, examples: Sequence[TokenizedExample], micro_size: int, pad_token_id: int,
+                    precision: str, device: torch.device) -> dict[str, torch.Tensor]:
+    """Regression counterpart of `bradley_terry_step`: MSE over the present labels of the global batch
+    (`RegressionLoss`, as NeMo Aligner's regression reward model)."""
+    loss_fn = RegressionLoss()
+    labels = torch.tensor([list(e.labels) for e in examples])
+    global_valid_labels = dist.all_reduce_sum(regression_label_mask(labels, torch.ones(len(examples))).sum().to(device))
+    overhead = chunk_overhead(forward, device)
+
+    def run_micro(micro):
+        rows = micro or [TokenizedExample([pad_token_id], ())]
+        targets = _to(regression_targets(rows), device)  # labels [b, K], sample_mask [b]
+        with autocast(precision, device):
+            rewards = length_grouped_rewards(forward, [e.input_ids for e in rows], pad_token_id, device, overhead)
+        if micro is None:  # the placeholder row has no labels and counts for nothing
+            targets["sample_mask"] = torch.zeros_like(targets["sample_mask"])
+            targets["labels"] = torch.full_like(rewards, MISSING_LABEL)
+        return loss_fn(rewards, targets, None, global_valid_labels)
+
+    metrics = accumulate(forward, plan_micro_batches(examples, micro_size, forward, lambda e: len(e.input_ids)), run_micro)
+    return global_metrics(metrics, ["loss"])
+
+
+STEPS = {"bradley_terry": bradley_terry_step, "regression": regression_step}
+
+
+def _to(batch: dict, device: torch.device) -> dict:
+    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
+
+
 def run_validation(cfg: Config, scorer: RewardScorer, data, logger: RunLogger, step: int):
     """Validate on every set, log `validation-<name>/<metric>`, return `(metrics, rewards)`."""
     max_items = cfg.rm.val_batches * cfg.rm.val_global_batch_size if cfg.rm.val_batches else None
@@ -79,18 +130,10 @@ def run_validation(cfg: Config, scorer: RewardScorer, data, logger: RunLogger, s
     return metrics, rewards
 
 
-
-def train(cfg: Config) -> TrainResult:
+def train(cfg: Config) -> RunResult:
     """Train a reward model as `cfg` says; the final model goes to `<checkpoint_dir>/final/`."""
-    # --- setup: threads, seeds, output folders, the resolved config
-    set_threads(cfg.policy.num_threads)
-    seed_everything(cfg.rm.seed)
-    info = dist.init_distributed()  # a no-op without torchrun; rank 0 alone writes and prints
-    device = info.device
-    out_dir = Path(cfg.checkpointing.checkpoint_dir)
-    log_dir = Path(cfg.logger.log_dir) if cfg.logger.log_dir else out_dir / "logs"
-    if dist.is_main():
-        save_config(cfg, out_dir / "config.yaml")
+    run = start_run(cfg, cfg.rm)  # threads, seed, torchrun, folders, the saved config
+    device = run.device
 
     # --- model and data (tokenized once)
     model, tokenizer = load_model(cfg, device)
@@ -109,98 +152,84 @@ def train(cfg: Config) -> TrainResult:
     else:
         forward = ChunkedRewards(forward)
     if cfg.policy.dtensor_cfg.enabled:  # FSDP2 under torchrun: shard the model in place (gradients summed)
-        shard_reward_model(model, cfg.policy, info)
+        shard_reward_model(model, cfg.policy, run.info)
     else:  # DDP under torchrun (gradients summed over ranks) wraps the whole chunked reward computation
-        forward = dist.wrap_data_parallel(forward, info)
-    data = load_run_data(cfg, tokenizer, out_dir)
+        forward = dist.wrap_data_parallel(forward, run.info)
+    data = load_run_data(cfg, tokenizer, run.out_dir)
     sampler = make_sampler(cfg, data.lengths, cfg.rm.seed)
 
-    # --- optimizer, schedule, state
+    # --- optimizer, schedule, state; resume (the logs rewound to match)
     optimizer = build_optimizer(model, cfg.policy.optimizer)
     steps = total_steps(cfg.rm, len(sampler))
     scheduler = build_scheduler(optimizer, cfg.policy.scheduler, steps)
     state = TrainState(model, optimizer, scheduler, sampler)
     step_fn = STEPS[cfg.policy.reward_model_cfg.reward_model_type]
-    pad_id = tokenizer.pad_token_id
-
-    # --- resume: weights, optimizer, schedule, sampler position, RNG, step; the log rewound to match
-    resume_from = resolve_resume(out_dir, cfg.checkpointing.resume)
-    saved = restore_training_state(resume_from, state, device) if resume_from else {}
-    logger = open_logger(cfg, log_dir, state.step if resume_from else None, state.step >= steps)
-    if dist.is_main():
-        if resume_from:
-            print(f"rmkit: resuming from {resume_from} (step {state.step}, epoch {state.epoch + 1})", file=sys.stderr)
-        print(f"rmkit: training {cfg.policy.model_name} ({sum(p.numel() for p in model.parameters() if p.requires_grad):,}"
-          f" trainable parameters) for {steps} steps of {cfg.policy.train_global_batch_size} on {device}"
-          f" with {torch.get_num_threads()} threads, {cfg.policy.precision}", file=sys.stderr)
+    saved = resume(run, state)
+    logger = open_logger(cfg, run.log_dir, state.step if run.resume_from else None, state.step >= steps)
+    announce(f"training {cfg.policy.model_name}", model, f"{steps} steps of {cfg.policy.train_global_batch_size}",
+             device, cfg.policy.precision)
     val_metrics, val_rewards = saved.get("val_metrics", {}), {}
-    if cfg.rm.val_at_start and data.val and not resume_from:
+    if cfg.rm.val_at_start and data.val and not run.resume_from:
         val_metrics, val_rewards = run_validation(cfg, scorer, data, logger, state.step)
-        if dist.is_main():
-            print(f"rmkit: step 0: {_summary(val_metrics)}", file=sys.stderr)
+        _report(state.step, val_metrics)
 
     # --- the loop
-    if resume_from:
+    if run.resume_from:
         restore_rng(saved)  # last thing before the first step: nothing at setup shifts the random streams
     bar = ProgressBar(steps, cfg.logger.progress_bar and dist.is_main(), initial=state.step)
     total, window = StepWindow(), StepWindow()
     window.__dict__.update(saved.get("log_window", {}))  # a resumed window logs the same means
-    while state.step < steps and state.epoch < cfg.rm.max_num_epochs:
-        sampler.set_epoch(state.epoch)
-        for indices in sampler:
-            t0 = time.perf_counter()
-            batch = [data.train[i] for i in indices]
-            metrics = step_fn(forward, batch, cfg.policy.train_micro_batch_size, pad_id, cfg.policy.precision, device)
-            # The one host-device sync per step: the loss must be finite before the update is applied.
-            loss, acc = torch.stack([metrics["loss"], metrics.get("acc", torch.full_like(metrics["loss"], math.nan))]).tolist()
-            if not math.isfinite(loss):
-                optimizer.zero_grad(set_to_none=True)
-                raise TrainingDiverged(
-                    f"the training loss became {loss} at step {state.step + 1} (epoch {state.epoch + 1}); the "
-                    f"update was not applied. Lower policy.optimizer.lr (now {cfg.policy.optimizer.lr}), set "
-                    f"policy.max_grad_norm, or check the data near this batch.")
-            lr = scheduler.get_last_lr()[0]
-            grad_norm = optimizer_step(model, optimizer, scheduler, cfg.policy.max_grad_norm)
-            state.step += 1
-            dt = time.perf_counter() - t0
-            tokens = sum(item_tokens(item) for item in batch)
-            for w in (total, window):
-                w.add(dt, len(batch), tokens, loss, acc)
-            bar.update(loss, acc, *window.rates())
-            if state.step % cfg.rm.log_period == 0 or state.step == steps:
-                logger.log({**window.metrics(), "train/grad_norm": float(grad_norm), "train/lr": lr}, state.step)
-                window = StepWindow()
-            last = state.step == steps
-            if data.val and cfg.rm.val_period and state.step % cfg.rm.val_period == 0 and not last:
-                val_metrics, val_rewards = run_validation(cfg, scorer, data, logger, state.step)
-                bar.write(f"rmkit: step {state.step}: {_summary(val_metrics)}")
-            ckpt = cfg.checkpointing
-            if ckpt.enabled and ckpt.save_period and state.step % ckpt.save_period == 0 and not last:
-                extra = {"val_metrics": val_metrics, "log_window": dict(vars(window))}
-                save_training_checkpoint(cfg, state, val_metrics, extra, tokenizer)
-            if last:
-                break
-        state.epoch += 1
+    when = Cadence.of(cfg, cfg.rm, steps)
+    for indices in run_batches(state, steps, cfg.rm.max_num_epochs):
+        t0 = time.perf_counter()
+        batch = [data.train[i] for i in indices]
+        metrics = step_fn(forward, batch, cfg.policy.train_micro_batch_size, tokenizer.pad_token_id,
+                          cfg.policy.precision, device)
+        # The one host-device sync per step: the loss must be finite before the update is applied.
+        loss, acc = torch.stack([metrics["loss"], metrics.get("acc", torch.full_like(metrics["loss"], math.nan))]).tolist()
+        check_finite(loss, state, f"Lower policy.optimizer.lr (now {cfg.policy.optimizer.lr}), set "
+                                  "policy.max_grad_norm, or check the data near this batch.")
+        lr = scheduler.get_last_lr()[0]
+        grad_norm = optimizer_step(model, optimizer, scheduler, cfg.policy.max_grad_norm)
+        state.step += 1
+        dt = time.perf_counter() - t0
+        tokens = sum(item_tokens(item) for item in batch)
+        for w in (total, window):
+            w.add(dt, len(batch), tokens, loss, acc)
+        bar.update(loss, acc, *window.rates())
+        if when.log(state.step):
+            logger.log({**window.metrics(), "train/grad_norm": float(grad_norm), "train/lr": lr}, state.step)
+            window = StepWindow()
+        if data.val and when.validate(state.step):
+            val_metrics, val_rewards = run_validation(cfg, scorer, data, logger, state.step)
+            bar.write(f"rmkit: step {state.step}: {_summary(val_metrics)}")
+        if when.save(state.step):
+            extra = {"val_metrics": val_metrics, "log_window": dict(vars(window))}
+            save_training_checkpoint(cfg, state, val_metrics, extra, tokenizer)
     bar.close()
     if data.val and (cfg.rm.val_at_end or not val_rewards):
         val_metrics, val_rewards = run_validation(cfg, scorer, data, logger, state.step)
-        if dist.is_main():
-            print(f"rmkit: step {state.step}: {_summary(val_metrics)}", file=sys.stderr)
-    if cfg.checkpointing.enabled:  # the last step, with the final validation as its metrics
-        save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics}, tokenizer)
-    logger.close()
+        _report(state.step, val_metrics)
 
-    # --- export and plots (rank 0)
-    final_dir = out_dir / "final"
-    model = gather_full_model(model, lambda: load_model(cfg, torch.device("cpu"))[0])
-    if dist.is_main():
-        export_model(model, tokenizer, final_dir, cfg, reward_stats(val_rewards), scorer.contract)
+    # --- the last checkpoint, the export (rank 0) and plots
+    final_dir = finish_run(
+        run, state, logger, val_metrics, tokenizer,
+        export=lambda whole, folder: export_model(whole, tokenizer, folder, cfg, reward_stats(val_rewards),
+                                                  scorer.contract),
+        load_unsharded=lambda: load_model(cfg, torch.device("cpu"))[0])
     plots = []
     if cfg.logger.plots and dist.is_main():
-        plots = [p for p in (plot_training_curves(logger.history, log_dir / "training_curves.png"),
-                             plot_reward_histograms(val_rewards, log_dir / "reward_histograms.png")) if p]
+        plots = [p for p in (plot_training_curves(logger.history, run.log_dir / "training_curves.png"),
+                             plot_reward_histograms(val_rewards, run.log_dir / "reward_histograms.png")) if p]
     dist.destroy()
-    return TrainResult(final_dir, log_dir, state.step, val_metrics, *total.rates(), plots)
+    pairs_per_s, tokens_per_s = total.rates()
+    return RunResult(final_dir, run.log_dir, state.step, val_metrics, {"pairs/s": pairs_per_s, "tokens/s": tokens_per_s},
+                     plots)
+
+
+def _report(step: int, metrics: dict[str, float]) -> None:
+    if dist.is_main():
+        print(f"rmkit: step {step}: {_summary(metrics)}", file=sys.stderr)
 
 
 def _summary(metrics: dict[str, float]) -> str:

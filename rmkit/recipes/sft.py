@@ -1,55 +1,46 @@
 """The supervised fine-tuning recipe, top to bottom: config -> model -> data -> optimizer -> loop -> export.
 
 A policy (any causal LM) learns to say what demonstrations say: the NLL of their trained tokens (the
-assistant turns by default), normalized by the global batch's trained-token count, so gradient accumulation
-and data parallelism are exact. Validation every `sft.val_period` steps reports the loss, token accuracy and
-tokens/s per set and writes greedy sample generations for held-out prompts to `<log_dir>/samples.jsonl`.
+assistant turns by default), divided by the global batch's trained-token count (`NLLLoss`, docs/design.md's
+normalization), so gradient accumulation (`rmkit.trainer.accumulate`) and data parallelism are exact.
+Batches are padded on the right (`attention_mask`) or, with `sft.sequence_packing`, padding-free: a
+micro-batch's sequences end to end in one row `[1, T]` whose `position_ids` restart at 0 for each sequence;
+with no attention mask, transformers reads the restarts as sequence boundaries and keeps attention within
+each sequence. Every sequence's first token carries no loss, so nothing is learned across a boundary.
+Validation every `sft.val_period` steps reports the loss, token accuracy and tokens/s per set and writes
+greedy answers to held-out prompts to `<log_dir>/samples.jsonl`.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
 from rmkit import distributed as dist
-from rmkit.config import save_config
 from rmkit.data import write_rejects
 from rmkit.data.demonstrations import load_demonstrations, tokenize_demonstrations
+from rmkit.data.policy_tokenize import DemonstrationIds
 from rmkit.errors import DataError
 from rmkit.generation import SamplingParams, generate_completions
+from rmkit.losses import NLLLoss
 from rmkit.models.policy import load_training_policy
 from rmkit.models.setup import autocast
 from rmkit.recipes.sft_config import SFTTree
-from rmkit.recipes.sft_step import evaluate, sft_step
+from rmkit.trainer.accumulate import accumulate, global_metrics, plan_micro_batches
 from rmkit.trainer.export import export_policy
 from rmkit.trainer.optim import build_optimizer, build_scheduler, optimizer_step
 from rmkit.trainer.plots import plot_training_curves
 from rmkit.trainer.progress import ProgressBar, StepWindow
-from rmkit.trainer.resume import resolve_resume, restore_rng, restore_training_state, save_training_checkpoint
+from rmkit.trainer.resume import restore_rng, save_training_checkpoint
+from rmkit.trainer.run import Cadence, RunResult, check_finite, finish_run, resume, run_batches, start_run
 from rmkit.trainer.run_data import make_sampler, resolve_data_path
-from rmkit.trainer.run_log import open_logger
-from rmkit.trainer.sharding import gather_full_model, shard_policy
-from rmkit.trainer.state import TrainingDiverged, TrainState, seed_everything, set_threads, total_steps
-
-
-@dataclass
-class SFTResult:
-    """What a finished run produced."""
-
-    final_dir: Path
-    log_dir: Path
-    steps: int
-    val_metrics: dict[str, float] = field(default_factory=dict)
-    sequences_per_s: float = 0.0
-    tokens_per_s: float = 0.0
-    plots: list[Path] = field(default_factory=list)
-
+from rmkit.trainer.run_log import announce, append_samples, open_logger
+from rmkit.trainer.sharding import shard_policy
+from rmkit.trainer.state import TrainState, total_steps
 
 
 def load_demonstration_set(cfg: SFTTree, path: str, tokenizer, rejects: Path, label: str) -> list:
@@ -71,6 +62,91 @@ def load_demonstration_set(cfg: SFTTree, path: str, tokenizer, rejects: Path, la
     return tokenized.items
 
 
+def collate(items: Sequence[DemonstrationIds], pad_token_id: int, packed: bool) -> dict[str, torch.Tensor]:
+    """`input_ids`, `token_mask` (`[n, S]` padded right, or `[1, T]` packed) and `sample_mask`; the model's
+    own inputs are `attention_mask` (padded) or `position_ids` (packed)."""
+    if packed:
+        ids = torch.tensor([t for d in items for t in d.input_ids])[None]
+        return {"input_ids": ids, "token_mask": torch.tensor([m for d in items for m in d.token_mask])[None],
+                "position_ids": torch.cat([torch.arange(d.length) for d in items])[None],
+                "sample_mask": torch.ones(1)}
+    width = max(d.length for d in items)
+    ids = torch.full((len(items), width), pad_token_id, dtype=torch.long)
+    token_mask, attention_mask = torch.zeros_like(ids), torch.zeros_like(ids)
+    for row, d in enumerate(items):
+        ids[row, : d.length] = torch.tensor(d.input_ids)
+        token_mask[row, : d.length] = torch.tensor(d.token_mask)
+        attention_mask[row, : d.length] = 1
+    return {"input_ids": ids, "token_mask": token_mask, "attention_mask": attention_mask,
+            "sample_mask": torch.ones(len(items))}
+
+
+def forward_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """`[B, S, V]` next-token logits of a collated batch."""
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids") if k in batch}
+    return model(**inputs, use_cache=False).logits
+
+
+def correct_tokens(logits: torch.Tensor, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """How many trained tokens the logits' argmax predicts (0-dim float)."""
+    hits = logits[:, :-1].argmax(-1) == batch["input_ids"][:, 1:]
+    return (hits * batch["token_mask"][:, 1:]).sum().float()
+
+
+def _placeholder(pad_token_id: int) -> list[DemonstrationIds]:
+    """A micro-batch of one 2-token row with no trained token: it adds nothing to a loss or a count."""
+    return [DemonstrationIds([pad_token_id] * 2, [0, 0], 0)]
+
+
+def _device_batch(micro, pad_token_id: int, packed: bool, device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: v.to(device, non_blocking=True) for k, v in collate(micro, pad_token_id, packed).items()}
+
+
+def sft_step(forward: torch.nn.Module, items: Sequence[DemonstrationIds], micro_size: int, pad_token_id: int,
+             precision: str, device: torch.device, packed: bool = False) -> dict[str, torch.Tensor]:
+    """Forward/backward of this rank's share `items` of a global batch; returns the global batch's `loss`
+    (mean NLL per trained token) and `token_acc` as 0-dim device tensors; gradients are left in `.grad`."""
+    loss_fn = NLLLoss()
+    trained = float(sum(sum(d.token_mask) for d in items))
+    global_valid_toks = dist.all_reduce_sum(torch.tensor(trained, device=device))
+
+    def run_micro(micro):
+        batch = _device_batch(micro or _placeholder(pad_token_id), pad_token_id, packed, device)
+        with autocast(precision, device):
+            logits = forward_logits(forward, batch)
+        loss, metrics = loss_fn(logits, batch, None, global_valid_toks)
+        metrics["correct"] = correct_tokens(logits.detach(), batch)
+        return loss, metrics
+
+    micros = plan_micro_batches(items, micro_size, forward, lambda d: d.length)
+    totals = global_metrics(accumulate(forward, micros, run_micro), ["loss", "correct"])
+    return {"loss": totals["loss"], "token_acc": totals["correct"] / global_valid_toks}
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, items: Sequence[DemonstrationIds], micro_size: int, pad_token_id: int,
+             precision: str, device: torch.device, packed: bool = False) -> dict[str, float]:
+    """`loss` (mean NLL per trained token), `token_acc`, `num_tokens` (trained) and `tokens_per_s` (all tokens
+    fed) of a validation set, each rank scoring its shard and the sums all-reduced."""
+    was_training = model.training
+    model.eval()
+    loss_fn, start = NLLLoss(), time.perf_counter()
+    sums = torch.zeros(4, device=device)  # nll, correct, trained tokens, tokens fed
+    for micro in plan_micro_batches(dist.shard(items), micro_size, model, lambda d: d.length):
+        batch = _device_batch(micro or _placeholder(pad_token_id), pad_token_id, packed, device)
+        with autocast(precision, device):
+            logits = forward_logits(model, batch)
+        nll, metrics = loss_fn(logits, batch, None, 1.0)  # divided by 1: the sum of the tokens' NLL
+        sums += torch.stack([nll.float(), correct_tokens(logits, batch), metrics["num_unmasked_tokens"].float(),
+                             torch.tensor(float(sum(d.length for d in micro or [])), device=device)])
+    seconds = torch.tensor(time.perf_counter() - start, device=device)
+    model.train(was_training)
+    nll, correct, trained, fed = dist.all_reduce_sum(sums).tolist()
+    seconds = float(dist.all_reduce(seconds, "max"))
+    return {"loss": nll / max(trained, 1), "token_acc": correct / max(trained, 1), "num_tokens": trained,
+            "tokens_per_s": fed / max(seconds, 1e-9)}
+
+
 def run_validation(cfg: SFTTree, model, tokenizer, val: dict[str, list], logger, step: int, log_dir: Path) -> dict:
     """Every set's `validation-<name>/{loss, token_acc, num_tokens, tokens_per_s}`, logged; then the samples."""
     sft, device = cfg.sft, next(model.parameters()).device
@@ -82,165 +158,122 @@ def run_validation(cfg: SFTTree, model, tokenizer, val: dict[str, list], logger,
         metrics.update({f"validation-{name}/{k}": v for k, v in result.items()})
     logger.log(metrics, step)
     if sft.num_sample_generations and (dist.is_main() or dist.is_sharded(model)):  # FSDP2: every rank generates
-        write_samples(cfg, model, tokenizer, val, step, log_dir / "samples.jsonl")
+        write_samples(cfg, model, tokenizer, val, step, log_dir)
     return metrics
 
 
-def write_samples(cfg: SFTTree, model, tokenizer, val: dict[str, list], step: int, path: Path) -> None:
-    """Greedy answers to the first `sft.num_sample_generations` prompts of each set, appended to `path` by rank 0
-    (a sharded model generates on every rank: each forward all-gathers)."""
+def write_samples(cfg: SFTTree, model, tokenizer, val: dict[str, list], step: int, log_dir: Path) -> None:
+    """Greedy answers to the first `sft.num_sample_generations` prompts of each set, with the demonstration's
+    own answer as `reference` (`append_samples`; a sharded model generates on every rank: each forward
+    all-gathers)."""
     params = SamplingParams(max_new_tokens=cfg.sft.sample_max_new_tokens, temperature=0.0)
-    lines = []
     for name, items in val.items():
         held_out = items[:cfg.sft.num_sample_generations]
         if not held_out:
             continue
         with autocast(cfg.policy.precision, next(model.parameters()).device):
             answers = generate_completions(model, tokenizer, [d.input_ids[:d.prompt_length] for d in held_out], params)
-        lines += [json.dumps({"step": step, "set": name, "source": d.source,
-                              "prompt": tokenizer.decode(d.input_ids[:d.prompt_length]), "completion": completion,
-                              "reference": tokenizer.decode(d.input_ids[d.prompt_length:], skip_special_tokens=True)},
-                             ensure_ascii=False) + "\n" for d, completion in zip(held_out, answers.text)]
-    if dist.is_main():
-        with path.open("a", encoding="utf-8") as out:
-            out.writelines(lines)
+        append_samples(log_dir, step, [
+            {"set": name, "source": d.source, "prompt": tokenizer.decode(d.input_ids[:d.prompt_length]), "completion": completion,
+             "reference": tokenizer.decode(d.input_ids[d.prompt_length:], skip_special_tokens=True)}
+            for d, completion in zip(held_out, answers.text)])
 
 
-def rewind_samples(path: Path, step: int, revalidates: bool) -> None:
-    """A resumed run keeps the samples up to its checkpoint's step (as `metrics.jsonl`)."""
-    if not path.is_file():
-        return
-    kept = [line for line in path.read_text(encoding="utf-8").splitlines()
-            if _sample_step(line) < step or (_sample_step(line) == step and not revalidates)]
-    path.write_text("".join(line + "\n" for line in kept), encoding="utf-8")
-
-
-def _sample_step(line: str) -> float:
-    try:
-        return json.loads(line)["step"]
-    except (ValueError, KeyError):  # a line cut short by a kill
-        return math.inf
-
-
-
-def train(cfg: SFTTree) -> SFTResult:
+def train(cfg: SFTTree) -> RunResult:
     """Fine-tune a policy on demonstrations as `cfg` says; the final model goes to `<checkpoint_dir>/final/`."""
-    # --- setup: threads, seeds, output folders, the resolved config
-    set_threads(cfg.policy.num_threads)
-    seed_everything(cfg.sft.seed)
-    info = dist.init_distributed()  # a no-op without torchrun; rank 0 alone writes and prints
-    device = info.device
-    out_dir = Path(cfg.checkpointing.checkpoint_dir)
-    log_dir = Path(cfg.logger.log_dir) if cfg.logger.log_dir else out_dir / "logs"
-    if dist.is_main():
-        save_config(cfg, out_dir / "config.yaml")
+    run = start_run(cfg, cfg.sft)  # threads, seed, torchrun, folders, the saved config
+    device = run.device
 
     # --- model and data (tokenized once)
     model, tokenizer = load_training_policy(cfg.policy, device)
     if cfg.policy.dtensor_cfg.enabled:  # FSDP2 under torchrun: shard the model in place (gradients summed)
-        shard_policy(model, cfg.policy, info)
+        shard_policy(model, cfg.policy, run.info)
         forward = model
     else:  # DDP under torchrun: gradients summed over ranks
-        forward = dist.wrap_data_parallel(model, info)
-    train_items = load_demonstration_set(cfg, cfg.data.train_data_path, tokenizer, out_dir / "rejects-train.jsonl", "train")
+        forward = dist.wrap_data_parallel(model, run.info)
+    train_items = load_demonstration_set(cfg, cfg.data.train_data_path, tokenizer, run.out_dir / "rejects-train.jsonl",
+                                         "train")
     if not train_items:
         raise DataError(cfg.data.train_data_path, None, None, "no usable training demonstrations")
-    val = {name: load_demonstration_set(cfg, path, tokenizer, out_dir / f"rejects-{name}.jsonl", f"validation-{name}")
+    val = {name: load_demonstration_set(cfg, path, tokenizer, run.out_dir / f"rejects-{name}.jsonl", f"validation-{name}")
            for name, path in cfg.data.val_data_paths.items()}
     sampler = make_sampler(cfg, [d.length for d in train_items], cfg.sft.seed)
 
-    # --- optimizer, schedule, state
+    # --- optimizer, schedule, state; resume (the logs rewound to match)
     optimizer = build_optimizer(model, cfg.policy.optimizer)
     steps = total_steps(cfg.sft, len(sampler))
     scheduler = build_scheduler(optimizer, cfg.policy.scheduler, steps)
     state = TrainState(model, optimizer, scheduler, sampler)
-
-    # --- resume: weights, optimizer, schedule, sampler position, RNG, step; the logs rewound to match
-    resume_from = resolve_resume(out_dir, cfg.checkpointing.resume)
-    saved = restore_training_state(resume_from, state, device) if resume_from else {}
-    logger = open_logger(cfg, log_dir, state.step if resume_from else None, state.step >= steps)
-    if resume_from and dist.is_main():
-        rewind_samples(log_dir / "samples.jsonl", state.step, state.step >= steps)
-        print(f"rmkit: resuming from {resume_from} (step {state.step}, epoch {state.epoch + 1})", file=sys.stderr)
-    if dist.is_main():
-        print(f"rmkit: fine-tuning {cfg.policy.model_name} ({sum(p.numel() for p in model.parameters() if p.requires_grad):,}"
-              f" trainable parameters) for {steps} steps of {cfg.policy.train_global_batch_size} sequences on {device}"
-              f" with {torch.get_num_threads()} threads, {cfg.policy.precision}", file=sys.stderr)
+    saved = resume(run, state)
+    logger = open_logger(cfg, run.log_dir, state.step if run.resume_from else None, state.step >= steps)
+    announce(f"fine-tuning {cfg.policy.model_name}", model,
+             f"{steps} steps of {cfg.policy.train_global_batch_size} sequences", device, cfg.policy.precision)
     val_metrics = saved.get("val_metrics", {})
-    if cfg.sft.val_at_start and val and not resume_from:
-        val_metrics = run_validation(cfg, model, tokenizer, val, logger, state.step, log_dir)
-        if dist.is_main():
-            print(f"rmkit: step 0: {_summary(val_metrics)}", file=sys.stderr)
+    if cfg.sft.val_at_start and val and not run.resume_from:
+        val_metrics = run_validation(cfg, model, tokenizer, val, logger, state.step, run.log_dir)
+        _report(state.step, val_metrics)
 
     # --- the loop
-    if resume_from:
+    if run.resume_from:
         restore_rng(saved)  # last thing before the first step: nothing at setup shifts the random streams
     bar = ProgressBar(steps, cfg.logger.progress_bar and dist.is_main(), initial=state.step, items="seqs")
     total, window = StepWindow(), StepWindow()
     window.__dict__.update(saved.get("log_window", {}))  # a resumed window logs the same means
-    while state.step < steps and state.epoch < cfg.sft.max_num_epochs:
-        sampler.set_epoch(state.epoch)
-        for indices in sampler:
-            t0 = time.perf_counter()
-            batch = [train_items[i] for i in indices]
-            metrics = sft_step(forward, batch, cfg.policy.train_micro_batch_size, tokenizer.pad_token_id,
-                               cfg.policy.precision, device, cfg.sft.sequence_packing)
-            # The one host-device sync per step: the loss must be finite before the update is applied.
-            loss, acc = torch.stack([metrics["loss"], metrics["token_acc"]]).tolist()
-            if not math.isfinite(loss):
-                optimizer.zero_grad(set_to_none=True)
-                raise TrainingDiverged(
-                    f"the training loss became {loss} at step {state.step + 1} (epoch {state.epoch + 1}); the update "
-                    f"was not applied. Lower policy.optimizer.lr (now {cfg.policy.optimizer.lr}), set "
-                    f"policy.max_grad_norm, or check the data near this batch.")
-            lr = scheduler.get_last_lr()[0]
-            grad_norm = optimizer_step(model, optimizer, scheduler, cfg.policy.max_grad_norm)
-            state.step += 1
-            dt = time.perf_counter() - t0
-            tokens = dist.all_reduce_sum(torch.tensor(float(sum(d.length for d in batch)))).item()
-            for w in (total, window):
-                w.add(dt, len(batch) * dist.world_size(), int(tokens), loss, acc)
-            bar.update(loss, acc, *window.rates())
-            if state.step % cfg.sft.log_period == 0 or state.step == steps:
-                logger.log({**_train_metrics(window), "train/grad_norm": float(grad_norm), "train/lr": lr}, state.step)
-                window = StepWindow()
-            last = state.step == steps
-            if val and cfg.sft.val_period and state.step % cfg.sft.val_period == 0 and not last:
-                val_metrics = run_validation(cfg, model, tokenizer, val, logger, state.step, log_dir)
-                bar.write(f"rmkit: step {state.step}: {_summary(val_metrics)}")
-            ckpt = cfg.checkpointing
-            if ckpt.enabled and ckpt.save_period and state.step % ckpt.save_period == 0 and not last:
-                extra = {"val_metrics": val_metrics, "log_window": dict(vars(window))}
-                save_training_checkpoint(cfg, state, val_metrics, extra, tokenizer)
-            if last:
-                break
-        state.epoch += 1
+    when = Cadence.of(cfg, cfg.sft, steps)
+    for indices in run_batches(state, steps, cfg.sft.max_num_epochs):
+        t0 = time.perf_counter()
+        batch = [train_items[i] for i in indices]
+        metrics = sft_step(forward, batch, cfg.policy.train_micro_batch_size, tokenizer.pad_token_id,
+                           cfg.policy.precision, device, cfg.sft.sequence_packing)
+        # The one host-device sync per step: the loss must be finite before the update is applied.
+        loss, acc = torch.stack([metrics["loss"], metrics["token_acc"]]).tolist()
+        check_finite(loss, state, f"Lower policy.optimizer.lr (now {cfg.policy.optimizer.lr}), set "
+                                  "policy.max_grad_norm, or check the data near this batch.")
+        lr = scheduler.get_last_lr()[0]
+        grad_norm = optimizer_step(model, optimizer, scheduler, cfg.policy.max_grad_norm)
+        state.step += 1
+        dt = time.perf_counter() - t0
+        tokens = dist.all_reduce_sum(torch.tensor(float(sum(d.length for d in batch)))).item()
+        for w in (total, window):
+            w.add(dt, len(batch) * dist.world_size(), int(tokens), loss, acc)
+        bar.update(loss, acc, *window.rates())
+        if when.log(state.step):
+            logger.log({**_train_metrics(window), "train/grad_norm": float(grad_norm), "train/lr": lr}, state.step)
+            window = StepWindow()
+        if val and when.validate(state.step):
+            val_metrics = run_validation(cfg, model, tokenizer, val, logger, state.step, run.log_dir)
+            bar.write(f"rmkit: step {state.step}: {_summary(val_metrics)}")
+        if when.save(state.step):
+            extra = {"val_metrics": val_metrics, "log_window": dict(vars(window))}
+            save_training_checkpoint(cfg, state, val_metrics, extra, tokenizer)
     bar.close()
     if val and (cfg.sft.val_at_end or not val_metrics):
-        val_metrics = run_validation(cfg, model, tokenizer, val, logger, state.step, log_dir)
-        if dist.is_main():
-            print(f"rmkit: step {state.step}: {_summary(val_metrics)}", file=sys.stderr)
-    if cfg.checkpointing.enabled:  # the last step, with the final validation as its metrics
-        save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics}, tokenizer)
-    logger.close()
+        val_metrics = run_validation(cfg, model, tokenizer, val, logger, state.step, run.log_dir)
+        _report(state.step, val_metrics)
 
-    # --- export and plots (rank 0)
-    final_dir = out_dir / "final"
+    # --- the last checkpoint, the export (rank 0) and plots
+    final_dir = finish_run(run, state, logger, val_metrics, tokenizer,
+                           export=lambda whole, folder: export_policy(whole, tokenizer, folder, cfg),
+                           load_unsharded=lambda: load_training_policy(cfg.policy, torch.device("cpu"))[0])
     plots = []
-    model = gather_full_model(model, lambda: load_training_policy(cfg.policy, torch.device("cpu"))[0])
-    if dist.is_main():
-        export_policy(model, tokenizer, final_dir, cfg)
-        if cfg.logger.plots:
-            plots = [p for p in [plot_training_curves(logger.history, log_dir / "training_curves.png",
-                                                      ("loss", "token_acc"))] if p]
+    if cfg.logger.plots and dist.is_main():
+        plots = [p for p in [plot_training_curves(logger.history, run.log_dir / "training_curves.png",
+                                                  ("loss", "token_acc"))] if p]
     dist.destroy()
-    return SFTResult(final_dir, log_dir, state.step, val_metrics, *total.rates(), plots)
+    sequences_per_s, tokens_per_s = total.rates()
+    return RunResult(final_dir, run.log_dir, state.step, val_metrics,
+                     {"sequences/s": sequences_per_s, "tokens/s": tokens_per_s}, plots)
 
 
 def _train_metrics(window: StepWindow) -> dict[str, float]:
     """The window's means under SFT's names: token accuracy, sequences/s."""
     names = {"train/acc": "train/token_acc", "train/pairs_per_s": "train/sequences_per_s"}
     return {names.get(k, k): v for k, v in window.metrics().items()}
+
+
+def _report(step: int, metrics: dict[str, float]) -> None:
+    if dist.is_main():
+        print(f"rmkit: step {step}: {_summary(metrics)}", file=sys.stderr)
 
 
 def _summary(metrics: dict[str, float]) -> str:

@@ -20,7 +20,6 @@ from rmkit.errors import ConfigError
 from rmkit.trainer.checkpoint import (
     capture_rng_state,
     latest_valid_checkpoint,
-    list_checkpoints,
     load_checkpoint,
     prune_checkpoints,
     read_manifest,
@@ -57,13 +56,7 @@ def resolve_resume(checkpoint_dir: str | Path, resume: str | None) -> Path | Non
 
 
 def _choose(checkpoint_dir: Path, resume: str | None) -> str | None:
-    if resume in (None, "never"):
-        if list_checkpoints(checkpoint_dir):
-            print(
-                f"rmkit: warning: {checkpoint_dir} already holds checkpoints from an earlier run; starting "
-                "fresh (use --resume or checkpointing.resume=auto to continue it)",
-                file=sys.stderr,
-            )
+    if resume in (None, "never"):  # a fresh start (rmkit.trainer.run moves an earlier run's files aside)
         return None
     if resume == "auto":
         path = latest_valid_checkpoint(checkpoint_dir)
@@ -166,12 +159,14 @@ def _check_metric_name(metric_name: str | None, named: dict) -> None:
     )
 
 
-def rewind_metrics_log(path: Path, step: int, revalidates: bool = False) -> list[dict]:
-    """Drop the records after `step` from a metrics.jsonl (a killed run logged past its last checkpoint)
-    so the resumed run's log reads as one uninterrupted run; return the records kept (the plot history).
+def rewind_jsonl(path: Path, step: int, revalidates: bool = False) -> list[dict]:
+    """Drop the records after `step` from a run's JSONL log (`metrics.jsonl`, `samples.jsonl`: a killed run
+    logged past its last checkpoint) so the resumed run's log reads as one uninterrupted run; return the
+    records kept (the plot history).
 
     `revalidates`: the resumed run validates at `step` again (it resumes from the run's last step, whose
-    checkpoint follows the final validation), so that step's validation records go too."""
+    checkpoint follows the final validation), so that step's validation records go too: a record is one
+    when it has a `validation...` key or a `completion` (a sample generation)."""
     if not path.is_file():
         return []
     kept_lines, history = [], []
@@ -181,8 +176,8 @@ def rewind_metrics_log(path: Path, step: int, revalidates: bool = False) -> list
         except ValueError:  # a line cut short by the kill
             continue
         at = record.get("step", math.inf)
-        repeated = revalidates and at == step and any(k.startswith("validation-") for k in record)
-        if at <= step and not repeated:
+        validation = "completion" in record or any(k.startswith("validation") for k in record)
+        if at <= step and not (revalidates and at == step and validation):
             kept_lines.append(line)
             history.append({k: (math.nan if v is None else v) for k, v in record.items()})
     tmp = path.with_name(path.name + ".tmp")

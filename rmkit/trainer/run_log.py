@@ -1,5 +1,7 @@
 """Where a run's numbers go: `metrics.jsonl` (always), TensorBoard (when installed) and the tracker
-backends of `rmkit.trainer.trackers`; `open_logger` opens them for a run, fresh or resumed."""
+backends of `rmkit.trainer.trackers`; `open_logger` opens them for a run, fresh or resumed. Sample
+generations, written at validation by every recipe that generates, go to `samples.jsonl` in one format
+(`append_samples`), rewound on resume by the same rule as the metrics."""
 
 from __future__ import annotations
 
@@ -8,10 +10,14 @@ import math
 import sys
 from pathlib import Path
 
+import torch
+
 from rmkit import distributed as dist
 from rmkit.config import Config, config_to_dict
-from rmkit.trainer.resume import rewind_metrics_log
+from rmkit.trainer.resume import rewind_jsonl
 from rmkit.trainer.trackers import build_loggers
+
+SAMPLES = "samples.jsonl"
 
 
 class RunLogger:
@@ -72,15 +78,38 @@ class NullLogger:
 
 
 def open_logger(cfg: Config, log_dir: Path, resumed_step: int | None, finished: bool) -> RunLogger | NullLogger:
-    """Rank 0: metrics.jsonl, TensorBoard, W&B and MLflow as configured; a resumed run first cuts the log
-    back to its checkpoint's step (and its final validation when `finished`, as it runs again). Other
-    ranks log nothing."""
+    """Rank 0: metrics.jsonl, TensorBoard, W&B and MLflow as configured; a resumed run first cuts
+    metrics.jsonl and samples.jsonl back to its checkpoint's step (and its final validation when
+    `finished`, as it runs again). Other ranks log nothing."""
     if not dist.is_main():
         return NullLogger()
     resumed = resumed_step is not None
-    history = rewind_metrics_log(log_dir / "metrics.jsonl", resumed_step, finished) if resumed else []
+    history = rewind_jsonl(log_dir / "metrics.jsonl", resumed_step, finished) if resumed else []
+    if resumed:
+        rewind_jsonl(log_dir / SAMPLES, resumed_step, finished)
     backends = build_loggers(cfg.logger.wandb, cfg.logger.mlflow, log_dir, config_to_dict(cfg))
     logger = RunLogger(log_dir, tensorboard=cfg.logger.tensorboard, backends=backends,
                        purge_step=resumed_step + 1 if resumed else None)
     logger.history = history
     return logger
+
+
+def append_samples(log_dir: Path, step: int, samples: list[dict]) -> Path:
+    """Append generations to `<log_dir>/samples.jsonl`, one line each: `{"step", "set", "source", "prompt",
+    "completion", ...}` (`samples` give the rest in that order, then the recipe's own fields, e.g. SFT's
+    `reference`, GRPO's `reward`). Rank 0 writes; returns the file's path."""
+    path = log_dir / SAMPLES
+    if dist.is_main() and samples:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as out:
+            out.writelines(json.dumps({"step": step, **sample}, ensure_ascii=False) + "\n"
+                           for sample in samples)
+    return path
+
+
+def announce(action: str, model: torch.nn.Module, length: str, device: torch.device, precision: str) -> None:
+    """The line every run prints before its first step (rank 0): what it trains, for how long, on what."""
+    if dist.is_main():
+        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        print(f"rmkit: {action} ({trainable:,} trainable parameters) for {length} on {device} with "
+              f"{torch.get_num_threads()} threads, {precision}", file=sys.stderr)

@@ -40,10 +40,6 @@ class TrainState:
     epoch: int = 0
 
 
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the step that produced it was not applied (every recipe raises it)."""
-
-
 def total_steps(loop, steps_per_epoch: int) -> int:
     """Optimizer steps of a run: `loop.max_num_epochs` epochs, capped by `loop.max_num_steps` when set (a recipe's
     loop section: `rm`, `sft`, `dpo`)."""

@@ -68,9 +68,9 @@ def tiny_llama():
 @pytest.mark.parametrize("overhead", [0, 32, 1e9])  # a chunk per distinct length, planned, one chunk
 @pytest.mark.parametrize("backbone", [tiny_bert, tiny_llama])  # pooled encoder, last-token decoder
 def test_length_grouped_rewards_equal_one_padded_forward_in_the_original_order(backbone, overhead):
+    from rmkit.models.reward_forward import ChunkedRewards, length_grouped_rewards
     from rmkit.models.scoring import pad_right
     from rmkit.models.setup import RewardForward
-    from rmkit.recipes.rm_step import ChunkedRewards, length_grouped_rewards
 
     torch.manual_seed(0)
     forward = RewardForward(prepare_model(backbone(), PolicyConfig()))
@@ -97,7 +97,7 @@ def _all_plans(n):
 
 @pytest.mark.parametrize("seed", range(20))
 def test_row_chunk_plan_is_the_cheapest_split(seed):
-    from rmkit.recipes.rm_step import plan_row_chunks
+    from rmkit.models.reward_forward import plan_row_chunks
 
     g = torch.Generator().manual_seed(seed)
     n = int(torch.randint(1, 11, (1,), generator=g))
@@ -116,8 +116,8 @@ def test_row_chunk_plan_is_the_cheapest_split(seed):
 def test_rows_are_chunked_on_the_cpu_and_padded_once_per_micro_batch_on_a_gpu():
     """The per-chunk cost was measured on CPU threads; on a GPU launches dominate and CPU-planned chunks made
     MiniLM training 3.1x (float32) to 6.7x (bf16) slower on an H100 than one padded forward per micro-batch."""
-    from rmkit.recipes.rm_step import CHUNK_OVERHEAD_POSITIONS, _chunk_overhead
+    from rmkit.models.reward_forward import CHUNK_OVERHEAD_POSITIONS, chunk_overhead
 
     forward = torch.nn.Linear(2, 1)
-    assert _chunk_overhead(forward, torch.device("cpu")) == CHUNK_OVERHEAD_POSITIONS
-    assert _chunk_overhead(forward, torch.device("cuda", 0)) == math.inf
+    assert chunk_overhead(forward, torch.device("cpu")) == CHUNK_OVERHEAD_POSITIONS
+    assert chunk_overhead(forward, torch.device("cuda", 0)) == math.inf

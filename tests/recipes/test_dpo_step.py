@@ -11,16 +11,16 @@ import torch.nn.functional as F
 from rmkit.data import load_preference_data
 from rmkit.data.policy_tokenize import tokenize_policy_pairs
 from rmkit.losses.dpo import DPOLossFn
+from rmkit.models.pair_logprobs import PairLogits, pair_batch
 from rmkit.models.policy import load_policy_model
-from rmkit.recipes import dpo_reference
-from rmkit.recipes.dpo_logprobs import PairLogits, pair_batch
-from rmkit.recipes.dpo_reference import (
+from rmkit.recipes.dpo import dpo_step, validate_pairs
+from rmkit.trainer import reference_logprobs as reference_cache
+from rmkit.trainer.reference_logprobs import (
     compute_reference,
     reference_context,
     reference_logprobs,
     weights_digest,
 )
-from rmkit.recipes.dpo_step import dpo_step, validate_pairs
 from tests.recipes.dpo_helpers import write_pairs
 
 LOSS_CFG = {"reference_policy_kl_penalty": 0.5, "preference_loss_weight": 1.0, "sft_loss_weight": 0.3,
@@ -141,7 +141,7 @@ def test_reference_cache_is_reused_and_invalidated(setup, tmp_path, monkeypatch)
     model = copy.deepcopy(policy)
     forward = PairLogits(model, tokenizer.pad_token_id, "float32")
     calls = []
-    monkeypatch.setattr(dpo_reference, "compute_reference",
+    monkeypatch.setattr(reference_cache, "compute_reference",
                         lambda *a: calls.append(1) or compute_reference(*a))
     weights, settings = weights_digest(model), {"max_total_sequence_length": 64}
     first = reference_logprobs(forward, pairs, 2, tmp_path, "train", weights, settings)

@@ -31,8 +31,9 @@ def test_cli_end_to_end(tiny_policy, tiny_reward_model, prompt_files, tmp_path, 
     assert abs(train_records[0]["train/token_mult_prob_error"] - 1.0) < 1e-3
     val_records = [r for r in records if "validation/reward_mean" in r]
     assert [r["step"] for r in val_records] == [0, 2] and all(r["validation/num_samples"] == 4 for r in val_records)
-    samples = [json.loads(line) for line in (out / "logs" / "generations" / "step_2.jsonl").read_text().splitlines()]
-    assert len(samples) == 4 and {"prompt", "completion", "reward"} <= samples[0].keys()
+    samples = [json.loads(line) for line in (out / "logs" / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [0] * 4 + [2] * 4 and {s["set"] for s in samples} == {"val"}
+    assert list(samples[0])[:5] == ["step", "set", "source", "prompt", "completion"] and "reward" in samples[0]
     assert (out / "logs" / "grpo_curves.png").is_file() and (out / "step_2" / "manifest.json").is_file()
     policy = AutoModelForCausalLM.from_pretrained(out / "final")
     trained = dict(policy.named_parameters())

@@ -17,6 +17,7 @@ from rmkit.recipes import grpo
 from rmkit.recipes.grpo_config import GRPOConfig
 from rmkit.recipes.grpo_rollout import PromptItem, compute_advantages, generate_rollout, training_batch
 from rmkit.trainer.optim import build_optimizer, build_scheduler
+from rmkit.trainer.state import TrainState
 
 
 def _cfg(policy, *overrides):
@@ -115,8 +116,12 @@ def _run_steps(cfg, env, steps, generator_seed=0):
     generator = torch.Generator().manual_seed(generator_seed)
     params = SamplingParams(**vars(cfg.policy.generation))
     env = env(tokenizer) if callable(env) else env
-    history = [grpo.grpo_step(cfg, model, model, tokenizer, env, reference, loss_fn, optimizer, scheduler,
-                              _prompts(tokenizer), params, generator, step) for step in range(steps)]
+    state = TrainState(model, optimizer, scheduler, sampler=None)
+    history = []
+    for _ in range(steps):
+        history.append(grpo.grpo_step(cfg, state, model, tokenizer, env, reference, loss_fn, _prompts(tokenizer), params,
+                                      generator))
+        state.step += 1
     return model, tokenizer, history
 
 

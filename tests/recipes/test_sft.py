@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM
 from rmkit.data.policy_tokenize import demonstration_ids, fit_demonstration, response_ids
 from rmkit.generation import render_prompt
 from rmkit.models.policy import load_policy_model
-from rmkit.recipes.sft_step import collate, forward_logits, sft_step
+from rmkit.recipes.sft import collate, forward_logits, sft_step
 
 CONVERSATION = [
     {"role": "system", "content": "Be brief."},

@@ -113,8 +113,7 @@ def test_resolve_resume_choices(tmp_path, capsys):
     for _ in range(2):
         step(state)
         resume.save_training_checkpoint(cfg, state, {})
-    assert resume.resolve_resume(tmp_path, "never") is None
-    assert "already holds checkpoints" in capsys.readouterr().err
+    assert resume.resolve_resume(tmp_path, "never") is None  # fresh: rmkit.trainer.run moves them aside
     assert resume.resolve_resume(tmp_path, str(tmp_path / "step_1")) == tmp_path / "step_1"
     (tmp_path / "step_2" / "optimizer.pt").write_bytes(b"")
     assert resume.resolve_resume(tmp_path, "auto") == tmp_path / "step_1"
@@ -123,16 +122,16 @@ def test_resolve_resume_choices(tmp_path, capsys):
         resume.resolve_resume(tmp_path, str(tmp_path / "step_2"))
 
 
-def test_rewind_metrics_log(tmp_path):
+def test_rewind_jsonl(tmp_path):
     log = tmp_path / "metrics.jsonl"
     records = [{"step": 1, "train/loss": 0.5}, {"step": 2, "train/loss": None}, {"step": 2, "validation-default/loss": 1.0},
                {"step": 3, "train/loss": 0.2}]  # fmt: skip
     log.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 4, "train/lo')  # cut by a kill
-    history = resume.rewind_metrics_log(log, 2)
+    history = resume.rewind_jsonl(log, 2)
     assert [json.loads(line) for line in log.read_text().splitlines()] == records[:3]
     assert history[0] == records[0] and math.isnan(history[1]["train/loss"])
-    assert resume.rewind_metrics_log(tmp_path / "absent.jsonl", 2) == []
-    resume.rewind_metrics_log(log, 2, revalidates=True)  # the validation record at step 2 goes too
+    assert resume.rewind_jsonl(tmp_path / "absent.jsonl", 2) == []
+    resume.rewind_jsonl(log, 2, revalidates=True)  # the validation record at step 2 goes too
     assert [json.loads(line) for line in log.read_text().splitlines()] == records[:2]
 
 

@@ -14,8 +14,9 @@ import torch
 from rmkit.config import OptimizerConfig, SchedulerConfig
 from rmkit.data.tokenize import TokenizedExample, TokenizedPair
 from rmkit.models import load_reward_model
+from rmkit.models.reward_forward import ChunkedRewards
 from rmkit.models.setup import RewardForward
-from rmkit.recipes.rm_step import ChunkedRewards, bradley_terry_step, regression_step
+from rmkit.recipes.rm import bradley_terry_step, regression_step
 from rmkit.trainer.optim import build_optimizer, build_scheduler, optimizer_step
 
 

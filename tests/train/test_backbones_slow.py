@@ -43,6 +43,6 @@ def test_minilm_on_hh_harmless_beats_60_percent(shared_data, tmp_path):
     ])
     result = train(cfg)
     acc = result.val_metrics["validation-hh_harmless/acc"]
-    print(json.dumps({"hh_harmless_acc": acc, "pairs_per_s": result.pairs_per_s}))
+    print(json.dumps({"hh_harmless_acc": acc, "pairs_per_s": result.rates["pairs/s"]}))
     assert result.val_metrics["validation-hh_harmless/num_pairs"] == 300
     assert acc > 0.60

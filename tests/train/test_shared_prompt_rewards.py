@@ -18,8 +18,9 @@ from transformers import (
 from rmkit.data.tokenize import TokenizedPair
 from rmkit.models import load_reward_model
 from rmkit.models.reward import compute_rewards
+from rmkit.models.reward_forward import ChunkedRewards, SharedPromptRewards, pair_groups
 from rmkit.models.setup import RewardForward
-from rmkit.recipes.rm_step import ChunkedRewards, SharedPromptRewards, bradley_terry_step, pair_groups
+from rmkit.recipes.rm import bradley_terry_step
 
 PAD = 0
 CPU = torch.device("cpu")

@@ -1,42 +1,24 @@
-"""One optimizer step over one global batch, split into micro-batches (one function per reward-model type).
+"""The reward model's forward passes in training: rows in length-planned chunks (`ChunkedRewards`, encoders and
+regression rows) or a decoder's pairs with their shared prompt computed once (`SharedPromptRewards`), each
+the module the training loop calls and DDP wraps, with the chunk planner both use.
 
-The loss of each micro-batch is divided by the *global* batch's valid count, so the accumulated gradient
-is the full-batch gradient whatever the micro-batch size. Counts are tensors: under data parallelism they
-become the all-reduced sums over ranks and nothing else changes. Nothing here synchronizes with the
-device; the returned metrics are device tensors that the caller reads when it logs.
+Every chunk pads only to its own longest row and every row's reward is read at its own last real token, so
+the rewards equal one padded forward's up to float rounding. Nothing here synchronizes with the device.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from rmkit.data.collate import pair_targets, regression_targets
-from rmkit.data.records import MISSING_LABEL
-from rmkit.data.tokenize import TokenizedExample, TokenizedPair
-from rmkit.distributed import all_reduce_sum, is_sharded, sync_gradients
-from rmkit.losses import PreferenceLoss, RegressionLoss, regression_label_mask
+from rmkit.data.tokenize import TokenizedPair
+from rmkit.distributed import is_sharded
 from rmkit.models.scoring import pad_right
-from rmkit.models.setup import autocast
 from rmkit.models.shared_prefix import Group, continuation_ends, packed_inputs
-from rmkit.trainer.sharding import same_count
 from rmkit.wrappers import unwrap_model
 
-
-def _micro_batches(items: Sequence, micro_size: int, length: Callable) -> list[list]:
-    # Longest first: each micro-batch pads only to its own longest row, and the first one shows the
-    # peak memory at once instead of late in an epoch.
-    ordered = sorted(items, key=length, reverse=True)
-    return [ordered[i : i + micro_size] for i in range(0, len(ordered), micro_size)]
-
-
-def _to(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) for k, v in batch.items()}
-
-
-# What one more forward pass over a chunk of rows costs, in padded token positions: measured with
 # MiniLM on 2 CPU threads (a forward+backward pass has ~250 small ops whose fixed cost is that of
 # computing ~30 more positions). It sets how far `plan_row_chunks` goes in cutting padding.
 CHUNK_OVERHEAD_POSITIONS = 32
@@ -172,20 +154,14 @@ def length_grouped_rewards(rewards: torch.nn.Module, rows: Sequence[Sequence[int
     return rewards(chunks, inverse.to(device, non_blocking=True))
 
 
-def _chunk_overhead(forward: torch.nn.Module, device: torch.device) -> float:
+def chunk_overhead(forward: torch.nn.Module, device: torch.device) -> float:
+    """What one more forward costs in padded positions (`plan_row_chunks`' `overhead_positions`) for `forward`
+    on `device`."""
     # Under FSDP2 every forward and backward all-gathers each block's parameters, so every rank must run
     # as many forwards: one chunk per micro-batch (an infinite per-chunk cost), as many micro-batches.
     # On a GPU a forward's fixed cost (kernel launches) dwarfs padded positions: one padded forward per
     # micro-batch trained MiniLM 2.8x faster in float32 and 6.4x in bf16 on an H100 than CPU-planned chunks.
     return math.inf if is_sharded(forward) or device.type != "cpu" else CHUNK_OVERHEAD_POSITIONS
-
-
-def _masked_out(targets: dict, placeholder: bool) -> dict:
-    # Data parallelism: a rank whose share of a short last global batch is empty still runs one
-    # placeholder row with sample_mask 0, so it joins the gradient all-reduce with zero gradients.
-    if placeholder:
-        targets["sample_mask"] = torch.zeros_like(targets["sample_mask"])
-    return targets
 
 
 def pair_rewards(forward: torch.nn.Module, pairs: Sequence[TokenizedPair], pad_token_id: int, device: torch.device,
@@ -197,60 +173,3 @@ def pair_rewards(forward: torch.nn.Module, pairs: Sequence[TokenizedPair], pad_t
         return forward(pair_groups(pairs), overhead_positions)
     rows = [ids for pair in pairs for ids in (pair.chosen_ids, pair.rejected_ids)]
     return length_grouped_rewards(forward, rows, pad_token_id, device, overhead_positions)
-
-
-def bradley_terry_step(forward: torch.nn.Module, pairs: Sequence, micro_size: int, pad_token_id: int,
-                       precision: str, device: torch.device) -> dict[str, torch.Tensor]:
-    """Forward/backward of a global batch of tokenized pairs with the Bradley-Terry loss
-    `-log sigmoid(r_c - r_r - margin)` (InstructGPT eq. 1; margin as in Llama 2) through `forward` (a
-    `ChunkedRewards`, or DDP around one); returns `loss` (the global-batch loss) and `acc` as 0-dim
-    device tensors. Gradients are left in `.grad` for the optimizer step."""
-    loss_fn = PreferenceLoss()
-    # Under data parallelism `pairs` is this rank's share and the counts are the global batch's.
-    global_valid_seqs = all_reduce_sum(torch.tensor(2.0 * len(pairs), device=device))
-    loss_sum = torch.zeros((), device=device)
-    accuracy = torch.zeros((), device=device)  # the loss's accuracy is already divided by the global pairs
-    micros = _micro_batches(pairs, micro_size, lambda p: max(len(p.chosen_ids), len(p.rejected_ids)))
-    micros, overhead = same_count(micros or [None], forward), _chunk_overhead(forward, device)
-    for i, micro in enumerate(micros):
-        placeholder = micro is None
-        micro = micro or [TokenizedPair([pad_token_id], [pad_token_id])]
-        targets = _to(_masked_out(pair_targets(micro), placeholder), device)  # sample_mask [2n], margin [n]
-        with sync_gradients(forward, sync=i == len(micros) - 1):  # DDP reduces after the last one
-            with autocast(precision, device):
-                rewards = pair_rewards(forward, micro, pad_token_id, device, overhead)  # [2n, 1], interleaved
-            loss, metrics = loss_fn(rewards, targets, global_valid_seqs)
-            loss.backward()
-        loss_sum += metrics["loss"]
-        accuracy += metrics["accuracy"]
-    loss_sum, accuracy = all_reduce_sum(torch.stack([loss_sum, accuracy]))  # the whole global batch's, to log
-    return {"loss": loss_sum, "acc": accuracy}
-
-
-def regression_step(forward: torch.nn.Module, examples: Sequence, micro_size: int, pad_token_id: int,
-                    precision: str, device: torch.device) -> dict[str, torch.Tensor]:
-    """Regression counterpart of `bradley_terry_step`: MSE over the present labels of the global batch
-    (`RegressionLoss`, as NeMo Aligner's regression reward model)."""
-    loss_fn = RegressionLoss()
-    labels = torch.tensor([list(e.labels) for e in examples])
-    global_valid_labels = all_reduce_sum(regression_label_mask(labels, torch.ones(len(examples))).sum().to(device))
-    loss_sum = torch.zeros((), device=device)
-    micros = _micro_batches(examples, micro_size, lambda e: len(e.input_ids))
-    micros, overhead = same_count(micros or [None], forward), _chunk_overhead(forward, device)
-    for i, micro in enumerate(micros):
-        placeholder = micro is None
-        micro = micro or [TokenizedExample([pad_token_id], ())]
-        targets = _to(_masked_out(regression_targets(micro), placeholder), device)  # labels [b, K], mask [b]
-        rows = [e.input_ids for e in micro]
-        with sync_gradients(forward, sync=i == len(micros) - 1):
-            with autocast(precision, device):
-                rewards = length_grouped_rewards(forward, rows, pad_token_id, device, overhead)  # [b, K]
-            if placeholder:  # the placeholder row has no labels
-                targets["labels"] = torch.full_like(rewards, MISSING_LABEL)
-            loss, metrics = loss_fn(rewards, targets, None, global_valid_labels)
-            loss.backward()
-        loss_sum += metrics["loss"]
-    return {"loss": all_reduce_sum(loss_sum)}
-
-
-STEPS = {"bradley_terry": bradley_terry_step, "regression": regression_step}

@@ -3,7 +3,7 @@
 A batch of N `PolicyPair`s becomes 2N interleaved rows `[c0, r0, c1, r1, ...]` (docs/design.md): row
 `prompt_ids + chosen_ids` and row `prompt_ids + rejected_ids`, padded on the right, with `token_mask` 1 on
 the response tokens (the ones DPO scores). `PairLogits` is the one place that runs the policy over pairs:
-the training step, the validation and the reference pass all call it. It runs each pair as one row
+DPO's training step, its validation and the reference pass (`rmkit.trainer.reference_logprobs`) all call it. It runs each pair as one row
 `[prompt, chosen, rejected]` with the prompt computed once (`rmkit.models.shared_prefix`), whose logits equal
 the two unshared rows' within float rounding and come back in their layout.
 """
@@ -15,12 +15,14 @@ from collections.abc import Sequence
 import torch
 
 from rmkit.data.policy_tokenize import PolicyPair
-from rmkit.losses.logprobs import aligned_logprobs
 from rmkit.models.setup import autocast
 from rmkit.models.shared_prefix import shared_prefix_logits
 
 RefLogprobs = tuple[torch.Tensor, torch.Tensor]
 """A pair's reference log-probs of its response tokens: chosen `[len(chosen_ids)]`, rejected `[len(rejected_ids)]`."""
+
+PLACEHOLDER = PolicyPair([0], [0], [0], "placeholder")
+"""A one-token pair standing in for a rank's empty share of a batch (its rows get sample_mask 0)."""
 
 
 def pair_rows(pairs: Sequence[PolicyPair]) -> list[list[int]]:
@@ -63,17 +65,6 @@ class PairLogits(torch.nn.Module):
         with autocast(self.precision, device):
             logits = shared_prefix_logits(self.model, groups, self.pad_token_id)
         return logits, data
-
-
-def response_logprobs(logits: torch.Tensor, data: dict, pairs: Sequence[PolicyPair]) -> list[RefLogprobs]:
-    """Each pair's log-probs of its response tokens (float32, on the CPU) from `PairLogits`' output."""
-    aligned = aligned_logprobs(logits.detach(), data["input_ids"]).float().cpu()  # [2N, S]
-    out = []
-    for i, pair in enumerate(pairs):
-        start = len(pair.prompt_ids)
-        out.append((aligned[2 * i, start:start + len(pair.chosen_ids)].clone(),
-                    aligned[2 * i + 1, start:start + len(pair.rejected_ids)].clone()))
-    return out
 
 
 def reference_tensor(refs: Sequence[RefLogprobs], pairs: Sequence[PolicyPair], data: dict) -> torch.Tensor:

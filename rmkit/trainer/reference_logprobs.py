@@ -22,8 +22,8 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.data.policy_tokenize import PolicyPair
-from rmkit.recipes.dpo_logprobs import PairLogits, RefLogprobs, response_logprobs
-from rmkit.recipes.dpo_step import PLACEHOLDER
+from rmkit.losses.logprobs import aligned_logprobs
+from rmkit.models.pair_logprobs import PLACEHOLDER, PairLogits, RefLogprobs
 from rmkit.trainer.sharding import same_count
 
 CACHE_VERSION = 1
@@ -48,6 +48,17 @@ def cache_key(weights: str, pairs: Sequence[PolicyPair], settings: dict) -> str:
     for pair in pairs:
         digest.update(json.dumps([pair.prompt_ids, pair.chosen_ids, pair.rejected_ids]).encode())
     return digest.hexdigest()[:32]
+
+
+def response_logprobs(logits: torch.Tensor, data: dict, pairs: Sequence[PolicyPair]) -> list[RefLogprobs]:
+    """Each pair's log-probs of its response tokens (float32, on the CPU) from `PairLogits`' output."""
+    aligned = aligned_logprobs(logits.detach(), data["input_ids"]).float().cpu()  # [2N, S]
+    out = []
+    for i, pair in enumerate(pairs):
+        start = len(pair.prompt_ids)
+        out.append((aligned[2 * i, start:start + len(pair.chosen_ids)].clone(),
+                    aligned[2 * i + 1, start:start + len(pair.rejected_ids)].clone()))
+    return out
 
 
 def reference_context(model: torch.nn.Module) -> contextlib.AbstractContextManager:

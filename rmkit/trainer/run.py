@@ -1,0 +1,212 @@
+"""Run bookkeeping as plain functions, in the order every recipe calls them:
+
+    run = start_run(cfg, cfg.dpo)                 threads, seed, torchrun, folders, the saved config
+    ...the recipe builds its model, data, optimizer and `TrainState`...
+    saved = resume(run, state)                    weights, optimizer, schedule, sampler, step
+    logger = open_logger(...)                     metrics.jsonl and samples.jsonl rewound to match
+    when = Cadence(cfg, cfg.dpo, steps)
+    for indices in run_batches(state, steps, cfg.dpo.max_num_epochs):
+        ...forward and backward (rmkit.trainer.accumulate)...
+        check_finite(loss, state, hint)           before the update is applied
+        ...optimizer step, `state.step += 1`, then log / validate / save as `when` says...
+    final_dir = finish_run(run, state, ...)       last checkpoint, the model gathered and exported
+
+No base class and no hidden loop: a recipe file reads as the whole method, top to bottom.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rmkit import distributed as dist
+from rmkit.config import save_config
+from rmkit.errors import TrainingDiverged
+from rmkit.trainer.checkpoint import list_checkpoints
+from rmkit.trainer.resume import resolve_resume, restore_training_state, save_training_checkpoint
+from rmkit.trainer.run_log import SAMPLES
+from rmkit.trainer.sharding import gather_full_model
+from rmkit.trainer.state import TrainState, seed_everything, set_threads
+
+# What a run writes into its log folder; a fresh run over an old folder moves these aside first.
+LOG_FILES = ("metrics.jsonl", SAMPLES, "events.out.tfevents.*", "*.png")
+
+
+@dataclass
+class Run:
+    """A started run: its config, processes, folders and the checkpoint it continues (None: fresh)."""
+
+    cfg: Any
+    info: dist.DistInfo
+    out_dir: Path
+    log_dir: Path
+    resume_from: Path | None
+
+    @property
+    def device(self) -> torch.device:
+        return self.info.device
+
+
+@dataclass
+class RunResult:
+    """What a finished run produced. `rates`: training throughput over the steps' own time, e.g.
+    `{"pairs/s": ..., "tokens/s": ...}` (validation, checkpoints and one-off passes excluded)."""
+
+    final_dir: Path
+    log_dir: Path
+    steps: int
+    val_metrics: dict[str, float] = field(default_factory=dict)
+    rates: dict[str, float] = field(default_factory=dict)
+    plots: list[Path] = field(default_factory=list)
+
+
+def start_run(cfg, loop) -> Run:
+    """Threads, seeds (`loop.seed`), the process group under torchrun, the output folders and the saved
+    config. A fresh run over an old output folder first moves the old run's checkpoints and logs aside
+    (and says where), so nothing of the two runs mixes; a half-written `final/` is cleared."""
+    set_threads(cfg.policy.num_threads)
+    seed_everything(loop.seed)
+    info = dist.init_distributed()  # a no-op without torchrun; rank 0 alone writes and prints
+    out_dir = Path(cfg.checkpointing.checkpoint_dir)
+    log_dir = Path(cfg.logger.log_dir) if cfg.logger.log_dir else out_dir / "logs"
+    resume_from = resolve_resume(out_dir, cfg.checkpointing.resume)
+    if dist.is_main():
+        clear_partial_export(out_dir / "final")
+        if resume_from is None:
+            set_aside_earlier_run(out_dir, log_dir)
+        save_config(cfg, out_dir / "config.yaml")
+    dist.barrier()
+    return Run(cfg, info, out_dir, log_dir, resume_from)
+
+
+def set_aside_earlier_run(out_dir: Path, log_dir: Path) -> Path | None:
+    """Move an earlier run's checkpoints (`step_<N>`) and log files into `<out_dir>/replaced-<time>/`;
+    return that folder, or None when there was nothing to move."""
+    checkpoints = [path for _, path in list_checkpoints(out_dir)]
+    logs = sorted({p for pattern in LOG_FILES for p in log_dir.glob(pattern)}) if log_dir.is_dir() else []
+    if not checkpoints and not logs:
+        return None
+    aside = out_dir / time.strftime("replaced-%Y%m%d-%H%M%S", time.gmtime())
+    (aside / "logs").mkdir(parents=True, exist_ok=True)
+    for path in checkpoints:
+        path.rename(aside / path.name)
+    for path in logs:
+        path.rename(aside / "logs" / path.name)
+    print(f"rmkit: {out_dir} held an earlier run ({len(checkpoints)} checkpoint(s), {len(logs)} log file(s)); "
+          f"moved them to {aside} and starting fresh (to continue that run instead: move them back and pass "
+          "--resume)", file=sys.stderr)
+    return aside
+
+
+def resume(run: Run, state: TrainState) -> dict:
+    """Load the checkpoint the run continues into `state` (weights, optimizer, schedule, sampler position,
+    step, epoch); returns the saved trainer state (`{}` for a fresh run). Call `restore_rng(saved)` just
+    before the first step."""
+    if run.resume_from is None:
+        return {}
+    saved = restore_training_state(run.resume_from, state, run.device)
+    if dist.is_main():
+        print(f"rmkit: resuming from {run.resume_from} (step {state.step}, epoch {state.epoch + 1})",
+              file=sys.stderr)
+    return saved
+
+
+@dataclass
+class Cadence:
+    """When a step logs, validates and saves: `log_period`, `val_period` and `checkpointing.save_period`
+    of the run's config; the last step always logs, and its validation and checkpoint happen at the end
+    (`finish_run`)."""
+
+    steps: int
+    log_period: int
+    val_period: int
+    save_period: int
+
+    @classmethod
+    def of(cls, cfg, loop, steps: int) -> Cadence:
+        ckpt = cfg.checkpointing
+        return cls(steps, loop.log_period, loop.val_period, ckpt.save_period if ckpt.enabled else 0)
+
+    def log(self, step: int) -> bool:
+        return step % self.log_period == 0 or step == self.steps
+
+    def validate(self, step: int) -> bool:
+        return bool(self.val_period) and step % self.val_period == 0 and step != self.steps
+
+    def save(self, step: int) -> bool:
+        return bool(self.save_period) and step % self.save_period == 0 and step != self.steps
+
+
+def run_batches(state: TrainState, steps: int, max_epochs: int) -> Iterator:
+    """The global batches (the sampler's index lists) from where `state` stands, epoch after epoch,
+    until `steps` optimizer steps; the caller advances `state.step` once per batch."""
+    while state.step < steps and state.epoch < max_epochs:
+        state.sampler.set_epoch(state.epoch)
+        for indices in state.sampler:
+            yield indices
+            if state.step >= steps:
+                break
+        state.epoch += 1
+
+
+def check_finite(loss: float, state: TrainState, hint: str) -> None:
+    """Stop the run when the loss of the step about to be applied is NaN or infinite: its gradients are
+    dropped, the last checkpoint stays the last good state, and `TrainingDiverged` names the step."""
+    if math.isfinite(loss):
+        return
+    state.optimizer.zero_grad(set_to_none=True)
+    raise TrainingDiverged(f"the training loss became {loss} at step {state.step + 1} (epoch {state.epoch + 1}); "
+                           f"the update was not applied. {hint}")
+
+
+def finish_run(run: Run, state: TrainState, logger, val_metrics: dict, tokenizer,
+               export: Callable[[torch.nn.Module, Path], Any], load_unsharded: Callable[[], torch.nn.Module],
+               extra: dict | None = None) -> Path:
+    """After the last step (and its validation): the last checkpoint (with `extra` loop state), the log
+    closed, the model gathered on rank 0 when sharded and written by `export(model, folder)` into
+    `<checkpoint_dir>/final/` atomically. Call on every rank; returns the `final/` path."""
+    if run.cfg.checkpointing.enabled:
+        save_training_checkpoint(run.cfg, state, val_metrics, {"val_metrics": val_metrics, **(extra or {})},
+                                 tokenizer)
+    logger.close()
+    final_dir = run.out_dir / "final"
+    model = gather_full_model(state.model, load_unsharded)
+    if dist.is_main():
+        export_atomically(final_dir, lambda folder: export(model, folder))
+    return final_dir
+
+
+def export_atomically(final_dir: Path, write: Callable[[Path], Any]) -> None:
+    """`write(folder)` into `<final>.partial`, then swap it in for `final_dir`: a run killed while
+    exporting leaves the previous `final/` (or none), never one without weights."""
+    partial, replaced = _partial(final_dir), final_dir.with_name(final_dir.name + ".replaced")
+    shutil.rmtree(partial, ignore_errors=True)
+    write(partial)
+    if final_dir.exists():
+        final_dir.rename(replaced)
+    partial.rename(final_dir)
+    shutil.rmtree(replaced, ignore_errors=True)
+
+
+def clear_partial_export(final_dir: Path) -> None:
+    """Undo what a kill during `export_atomically` left: the unfinished folder goes, and a `final/`
+    moved aside just before the swap comes back."""
+    shutil.rmtree(_partial(final_dir), ignore_errors=True)
+    replaced = final_dir.with_name(final_dir.name + ".replaced")
+    if replaced.exists():
+        if final_dir.exists():
+            shutil.rmtree(replaced)
+        else:
+            replaced.rename(final_dir)
+
+
+def _partial(final_dir: Path) -> Path:
+    return final_dir.with_name(final_dir.name + ".partial")
