@@ -13,12 +13,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from rmkit.data.collate import pair_targets, regression_targets
+from rmkit.data.collate import pad_right, pair_targets, regression_targets
 from rmkit.data.records import MISSING_LABEL
 from rmkit.data.tokenize import TokenizedExample, TokenizedPair
 from rmkit.distributed import all_reduce_sum, is_sharded, sync_gradients
 from rmkit.losses import PreferenceLoss, RegressionLoss, regression_label_mask
-from rmkit.models.scoring import pad_right
 from rmkit.models.setup import autocast
 from rmkit.models.shared_prefix import Group, continuation_ends, packed_inputs
 from rmkit.trainer.sharding import same_count

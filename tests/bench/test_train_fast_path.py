@@ -68,7 +68,7 @@ def tiny_llama():
 @pytest.mark.parametrize("overhead", [0, 32, 1e9])  # a chunk per distinct length, planned, one chunk
 @pytest.mark.parametrize("backbone", [tiny_bert, tiny_llama])  # pooled encoder, last-token decoder
 def test_length_grouped_rewards_equal_one_padded_forward_in_the_original_order(backbone, overhead):
-    from rmkit.models.scoring import pad_right
+    from rmkit.data.collate import pad_right
     from rmkit.models.setup import RewardForward
     from rmkit.recipes.rm_step import ChunkedRewards, length_grouped_rewards
 
