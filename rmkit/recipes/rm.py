@@ -36,7 +36,7 @@ from rmkit.trainer.run_data import item_tokens, load_run_data, make_sampler
 from rmkit.trainer.run_log import RunLogger, open_logger
 from rmkit.trainer.sharding import gather_full_model, shard_reward_model
 from rmkit.trainer.state import TrainingDiverged, TrainState, seed_everything, set_threads, total_steps
-from rmkit.trainer.validate import validate, validate_regression
+from rmkit.validation import validate, validate_regression
 from rmkit.wrappers import transformers_model
 
 
