@@ -22,7 +22,6 @@ from typing import Any
 
 import torch
 
-from rmkit.data.tokenize import as_messages, encode_text, render_plain
 from rmkit.distributed import is_sharded
 from rmkit.errors import TrainingDiverged
 
@@ -52,16 +51,6 @@ class Completions:
     """`[len(ids[i])]` float32 log-probs of each generated token, as sampled."""
     truncated: list[bool]
     """True where `max_new_tokens` ran out before a stop token or stop string."""
-
-
-def render_prompt(tokenizer, prompt: str | list[dict]) -> list[int]:
-    """Token ids of a prompt ready for the policy to answer: the chat template with its generation prompt
-    (a text is one user message), or rmkit's plain "User: ...\\nAssistant:" without a template."""
-    messages = as_messages(prompt, "user")
-    if getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                  return_dict=True)["input_ids"])
-    return encode_text(tokenizer, render_plain(messages) + "\nAssistant:")
 
 
 def _left_padded(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

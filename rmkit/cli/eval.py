@@ -16,7 +16,7 @@ import torch
 from rmkit.data import FORMATS, load_preference_data, write_rejects
 from rmkit.errors import ConfigError
 from rmkit.inference import RewardScorer, load_scorer
-from rmkit.trainer.validate import pair_metrics
+from rmkit.validation import pair_metrics
 
 
 def add_model_arguments(parser: argparse.ArgumentParser, several: bool = False) -> None:

@@ -113,7 +113,7 @@ def _cli_score(model_dir: str, pairs: Sequence, max_length: int | None) -> dict[
 
 def _in_process_paths(scorer: RewardScorer, model_dir: str, pairs: Sequence, inputs: list) -> dict[str, Callable]:
     from rmkit.env import RewardModelEnvironment
-    from rmkit.trainer.validate import score_pairs
+    from rmkit.validation import score_pairs
 
     def validation():
         chosen, rejected = score_pairs(scorer, scorer.encode_pairs(pairs).pairs)

@@ -8,7 +8,17 @@ from collections.abc import Sequence
 import torch
 
 from rmkit.data.tokenize import TokenizedExample, TokenizedPair
-from rmkit.models.scoring import pad_right
+
+
+def pad_right(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`input_ids` and `attention_mask` `[B, S]`, padded on the right to the longest sequence."""
+    width = max(len(s) for s in sequences)
+    input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for row, seq in enumerate(sequences):
+        input_ids[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
+        attention_mask[row, : len(seq)] = 1
+    return input_ids, attention_mask
 
 
 def collate_pairs(pairs: Sequence[TokenizedPair], pad_token_id: int) -> dict[str, torch.Tensor]:

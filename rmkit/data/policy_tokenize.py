@@ -1,6 +1,6 @@
 """Token sequences a policy learns from: a prompt's ids and its responses' ids, and which tokens a loss trains on.
 
-A policy answers a prompt rendered as it is at generation (`rmkit.generation.render_prompt`: the chat
+A policy answers a prompt rendered as it is at generation (`rmkit.data.tokenize.render_prompt`: the chat
 template with its generation prompt, or rmkit's plain "User: ...\\nAssistant:"); the response's tokens follow
 it, ending with the turn's end (EOS). The prompt's ids are a prefix of every sequence built from it, so the
 two sides of a preference pair share exactly their prompt tokens. An HH-RLHF text transcript
@@ -22,8 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rmkit.data.records import Message, PreferencePair
-from rmkit.data.tokenize import as_messages, encode_text, keep_end, render_plain
-from rmkit.generation import render_prompt
+from rmkit.data.tokenize import as_messages, encode_text, keep_end, render_plain, render_prompt
 
 HH_TURN = re.compile(r"\n\n(Human|Assistant):")
 HH_ROLES = {"Human": "user", "Assistant": "assistant"}

@@ -4,6 +4,7 @@ Text: `tokenizer(text, add_special_tokens=True)` ([CLS] .. [SEP] for BERT, BOS .
 Messages: the tokenizer's chat template (or rmkit's plain "User: ...\\nAssistant: ..." rendering when
 it has none). BOS is written once: a template that writes BOS itself is tokenized without the
 tokenizer's special tokens, and a text that already starts with BOS does not get a second one.
+A prompt for a policy to answer (`render_prompt`) ends with the template's generation prompt.
 
 A prompt and its response stand for one input (`canonical_input`): both text -> the text
 `prompt + response`; any messages -> the conversation `prompt messages + response messages` (a text
@@ -82,6 +83,16 @@ def encode_conversation(tokenizer, messages: Sequence[Message]) -> list[int]:
 def as_messages(value: str | list[Message], role: str) -> list[Message]:
     """A text as one message of `role`; messages unchanged."""
     return [{"role": role, "content": value}] if isinstance(value, str) else list(value)
+
+
+def render_prompt(tokenizer, prompt: str | list[Message]) -> list[int]:
+    """Token ids of a prompt ready for the policy to answer: the chat template with its generation prompt
+    (a text is one user message), or rmkit's plain "User: ...\\nAssistant:" without a template."""
+    messages = as_messages(prompt, "user")
+    if getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                                  return_dict=True)["input_ids"])
+    return encode_text(tokenizer, render_plain(messages) + "\nAssistant:")
 
 
 def render_example(tokenizer, prompt: str | list[Message], response: str | list[Message] | None) -> tuple[str, bool]:

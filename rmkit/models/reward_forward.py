@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import torch
 
+from rmkit.data.collate import pad_right
 from rmkit.data.tokenize import TokenizedPair
 from rmkit.distributed import is_sharded
-from rmkit.models.scoring import pad_right
 from rmkit.models.shared_prefix import Group, continuation_ends, packed_inputs
 from rmkit.wrappers import unwrap_model
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import torch
 from transformers import PreTrainedModel
 
+from rmkit.data.collate import pad_right
 from rmkit.models.reward import compute_rewards
 
 
@@ -25,17 +26,6 @@ def length_sorted_batches(
         else:
             batches.append([index])
     return batches
-
-
-def pad_right(sequences: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """`input_ids` and `attention_mask` `[B, S]`, padded on the right to the longest sequence."""
-    width = max(len(s) for s in sequences)
-    input_ids = torch.full((len(sequences), width), pad_token_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, seq in enumerate(sequences):
-        input_ids[row, : len(seq)] = torch.as_tensor(seq, dtype=torch.long)
-        attention_mask[row, : len(seq)] = 1
-    return input_ids, attention_mask
 
 
 def score_sequences(

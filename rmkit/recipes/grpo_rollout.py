@@ -19,9 +19,9 @@ import torch
 from rmkit import distributed as dist
 from rmkit.data import write_rejects
 from rmkit.data.prompts import load_prompts
-from rmkit.data.tokenize import as_messages
+from rmkit.data.tokenize import as_messages, render_prompt
 from rmkit.errors import ConfigError, DataError
-from rmkit.generation import SamplingParams, generate_completions, render_prompt
+from rmkit.generation import SamplingParams, generate_completions
 from rmkit.losses.advantages import clip_advantages, grpo_group_advantages, reinforce_plus_plus_advantages
 from rmkit.losses.logprobs import next_token_logprobs
 from rmkit.models.setup import autocast, resolve_model_name

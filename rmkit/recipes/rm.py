@@ -45,7 +45,7 @@ from rmkit.trainer.run_data import item_tokens, load_run_data, make_sampler
 from rmkit.trainer.run_log import RunLogger, announce, open_logger
 from rmkit.trainer.sharding import shard_reward_model
 from rmkit.trainer.state import TrainState, total_steps
-from rmkit.trainer.validate import validate, validate_regression
+from rmkit.validation import validate, validate_regression
 from rmkit.wrappers import transformers_model
 
 

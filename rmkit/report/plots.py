@@ -7,8 +7,8 @@ import io
 
 import numpy as np
 
+from rmkit.plotting import pyplot
 from rmkit.report.scoring import ModelScores
-from rmkit.trainer.plots import pyplot
 
 
 def _png(fig, plt) -> bytes:

@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import torch
 
-
-def pyplot():
-    """matplotlib.pyplot on the Agg backend (files only), or None with a note when matplotlib is absent."""
-    try:
-        import matplotlib
-    except ImportError:
-        print("rmkit: matplotlib is not installed; no plots (pip install 'rmkit[plots]')", file=sys.stderr)
-        return None
-    matplotlib.use("Agg")  # files only; never open a window
-    import matplotlib.pyplot as plt
-
-    return plt
+from rmkit.plotting import pyplot
 
 
 def _series(history: list[dict], key: str) -> tuple[list[int], list[float]]:

@@ -68,8 +68,8 @@ def tiny_llama():
 @pytest.mark.parametrize("overhead", [0, 32, 1e9])  # a chunk per distinct length, planned, one chunk
 @pytest.mark.parametrize("backbone", [tiny_bert, tiny_llama])  # pooled encoder, last-token decoder
 def test_length_grouped_rewards_equal_one_padded_forward_in_the_original_order(backbone, overhead):
+    from rmkit.data.collate import pad_right
     from rmkit.models.reward_forward import ChunkedRewards, length_grouped_rewards
-    from rmkit.models.scoring import pad_right
     from rmkit.models.setup import RewardForward
 
     torch.manual_seed(0)

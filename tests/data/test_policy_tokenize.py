@@ -5,7 +5,7 @@ from transformers import AutoTokenizer
 
 from rmkit.data.policy_tokenize import fit_prompt_responses, hh_messages, tokenize_policy_pairs
 from rmkit.data.records import PreferencePair
-from rmkit.generation import render_prompt
+from rmkit.data.tokenize import render_prompt
 
 
 def test_hh_transcript_becomes_messages():

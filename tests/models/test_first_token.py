@@ -11,9 +11,9 @@ from transformers import (
     RobertaForSequenceClassification,
 )
 
+from rmkit.data.collate import pad_right
 from rmkit.models.first_token import first_token_last_layer
 from rmkit.models.reward import compute_rewards
-from rmkit.models.scoring import pad_right
 from rmkit.models.setup import set_activation_checkpointing
 
 SIZES = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=64, num_labels=2)

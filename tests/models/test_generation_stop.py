@@ -2,7 +2,8 @@
 
 import torch
 
-from rmkit.generation import SamplingParams, generate_completions, render_prompt
+from rmkit.data.tokenize import render_prompt
+from rmkit.generation import SamplingParams, generate_completions
 from rmkit.models.policy import load_policy_model
 
 

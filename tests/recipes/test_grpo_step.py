@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from rmkit.config import load_config
+from rmkit.data.tokenize import render_prompt
 from rmkit.distributed import DistInfo
-from rmkit.generation import SamplingParams, render_prompt
+from rmkit.generation import SamplingParams
 from rmkit.losses.policy_gradient import ClippedPGLossFn
 from rmkit.models.policy import load_training_policy
 from rmkit.recipes import grpo

@@ -14,7 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rmkit.data.policy_tokenize import demonstration_ids, fit_demonstration, response_ids
-from rmkit.generation import render_prompt
+from rmkit.data.tokenize import render_prompt
 from rmkit.models.policy import load_policy_model
 from rmkit.recipes.sft import collate, forward_logits, sft_step
 
