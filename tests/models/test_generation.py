@@ -74,3 +74,20 @@ def test_a_repeated_prompt_is_computed_once_and_every_row_still_matches_a_forwar
             logits = model(input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1] / 0.7
         expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
         torch.testing.assert_close(logprobs, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_non_finite_logits_stop_generation_with_training_diverged(tiny_policy):
+    """Sampling from NaN logits would crash inside torch.multinomial ("probability tensor contains either inf,
+    nan or element < 0"); generation instead finishes and raises TrainingDiverged, greedy or sampled."""
+    import pytest
+
+    from rmkit.errors import TrainingDiverged
+
+    model, tokenizer = load_policy_model(tiny_policy)
+    with torch.no_grad():
+        model.get_output_embeddings().weight[5].fill_(float("nan"))  # one vocabulary row: NaN logits for it
+    prompts = [render_prompt(tokenizer, "Tell me about rivers.")] * 2
+    for temperature in (1.0, 0.0):
+        with pytest.raises(TrainingDiverged, match="logits became NaN or infinite"):
+            generate_completions(model, tokenizer, prompts, SamplingParams(max_new_tokens=4, temperature=temperature),
+                                 torch.Generator().manual_seed(0))

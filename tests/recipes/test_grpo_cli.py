@@ -100,3 +100,47 @@ def test_reward_server_down_stops_with_a_clear_message(tiny_policy, prompt_files
     assert cli.main(["grpo", *args]) == 1
     err = capsys.readouterr().err
     assert "rmkit grpo: stopped: the reward server failed" in err and "--resume" in err
+
+
+def _diverge_at_step_2(monkeypatch, name, diverge):
+    """Wrap `rmkit.recipes.grpo.<name>` so that from the second training step on, `diverge` acts first."""
+    from rmkit.recipes import grpo
+
+    real, calls = getattr(grpo, name), []
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        if len(calls) >= 2:
+            args = diverge(*args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grpo, name, wrapped)
+
+
+@pytest.mark.parametrize("fault", ["nan_weights", "nan_advantages"])
+def test_divergence_stops_the_run_naming_the_step(tiny_policy, tiny_reward_model, prompt_files, tmp_path, capsys,
+                                                  monkeypatch, fault):
+    """NaN logits while sampling (torch.multinomial would crash) or a NaN loss: exit 1 naming step 2, no
+    traceback, no final/, and step 1's checkpoint intact."""
+    from rmkit.trainer.checkpoint import verify_checkpoint
+
+    if fault == "nan_weights":  # the policy's weights turn NaN before step 2's rollout: its logits follow
+        def poison(model, *rest):
+            with torch.no_grad():
+                model.get_output_embeddings().weight.fill_(math.nan)
+            return (model, *rest)
+        _diverge_at_step_2(monkeypatch, "generate_rollout", poison)
+    else:  # step 2's advantages are NaN: so is its loss
+        _diverge_at_step_2(monkeypatch, "compute_advantages",
+                           lambda cfg, rewards, *rest: (cfg, rewards * math.nan, *rest))
+    train, val = prompt_files
+    out = tmp_path / "run"
+    args = [*grpo_overrides(tiny_policy, tiny_reward_model, train, val, out, steps=3), "grpo.val_at_start=false",
+            "checkpointing.save_period=1"]
+    assert cli.main(["grpo", *args]) == 1
+    err = capsys.readouterr().err
+    expected = "logits became NaN or infinite while it generated at step 2" if fault == "nan_weights" else \
+        "the training loss became nan at step 2"
+    assert "rmkit grpo: training failed: " in err and expected in err and "Traceback" not in err
+    assert not (out / "final").exists() and verify_checkpoint(out / "step_1") is None
+    assert not (out / "step_2").exists()

@@ -1,0 +1,64 @@
+"""Run bookkeeping every recipe shares (`rmkit.trainer.run`), through `rmkit train` on a tiny decoder: a fresh
+run over an old output folder moves the old run aside instead of mixing with it, and a run killed while
+exporting leaves no half-written `final/`; `--resume` then finishes the export and leaves nothing behind."""
+
+import json
+
+import pytest
+
+from rmkit.cli import main as rmkit_main
+from rmkit.trainer.checkpoint import verify_checkpoint
+
+
+def _args(model, pair_files, out, steps):
+    train, val = pair_files
+    return ["train", f"policy.model_name={model}", f"data.train_data_path={train}", f"data.val_data_paths.val={val}",
+            f"checkpointing.checkpoint_dir={out}", "checkpointing.save_period=1", "checkpointing.keep_top_k=null",
+            f"rm.max_num_steps={steps}", "rm.log_period=1", "rm.val_period=1", "policy.train_global_batch_size=8",
+            "policy.train_micro_batch_size=4", "policy.max_total_sequence_length=64", "policy.num_threads=1",
+            "logger.progress_bar=false", "logger.tensorboard=false", "logger.plots=false"]
+
+
+def _steps(metrics_file):
+    return [json.loads(line)["step"] for line in metrics_file.read_text().splitlines()]
+
+
+def test_a_fresh_run_over_an_old_folder_moves_the_old_run_aside(tiny_decoder, pair_files, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert rmkit_main(_args(tiny_decoder, pair_files, out, 3)) == 0
+    first_log = _steps(out / "logs" / "metrics.jsonl")
+    capsys.readouterr()
+    assert rmkit_main(_args(tiny_decoder, pair_files, out, 1)) == 0
+    err = capsys.readouterr().err
+    assert "held an earlier run (3 checkpoint(s), 1 log file(s))" in err and "starting fresh" in err
+    assert _steps(out / "logs" / "metrics.jsonl") == [0, 1, 1]  # validation, train, validation: this run's only
+    (aside,) = out.glob("replaced-*")
+    assert sorted(p.name for p in aside.iterdir()) == ["logs", "step_1", "step_2", "step_3"]
+    assert _steps(aside / "logs" / "metrics.jsonl") == first_log
+    assert sorted(p.name for p in out.glob("step_*")) == ["step_1"]  # --resume can only pick this run's
+
+
+@pytest.mark.parametrize("earlier_final", [False, True])
+def test_a_kill_during_export_leaves_no_half_final_and_resume_finishes_it(tiny_decoder, pair_files, tmp_path,
+                                                                          monkeypatch, earlier_final):
+    import rmkit.recipes.rm as rm
+
+    out = tmp_path / "run"
+    if earlier_final:  # a finished run's final/ stays whole until the new one is complete
+        assert rmkit_main(_args(tiny_decoder, pair_files, out, 1)) == 0
+    real_export = rm.export_model
+
+    def killed_while_writing(model, tokenizer, folder, *args, **kwargs):
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")  # the config is written, the weights never are
+        raise KeyboardInterrupt  # what a kill does to the process here: nothing after this line runs
+
+    monkeypatch.setattr(rm, "export_model", killed_while_writing)
+    assert rmkit_main(_args(tiny_decoder, pair_files, out, 2)) == 130
+    final = out / "final"  # the earlier run's whole final/, or none: never one without weights
+    assert final.exists() == earlier_final and (not final.exists() or (final / "model.safetensors").is_file())
+    assert verify_checkpoint(out / "step_2") is None  # the last good checkpoint is whole
+    monkeypatch.setattr(rm, "export_model", real_export)
+    assert rmkit_main([*_args(tiny_decoder, pair_files, out, 2), "--resume"]) == 0
+    assert (out / "final" / "model.safetensors").is_file()
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("final")) == ["final"]
