@@ -61,6 +61,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--smollm2-config", type=Path, help=f"SmolLM2's config.json (default: {DEFAULT_SMOLLM2_CONFIG} "
                         "if present, else read from the packaged GGUF)")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--record-timeout", metavar="SECTION:SECONDS",
+                        help="only note in --output that SECTION was stopped after SECONDS (bench.sh's timeout)")
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rmkit-device-suite"))
     parser.add_argument("--output", type=Path, default=Path("/tmp/rmkit-device-suite/results.json"))
@@ -320,6 +322,12 @@ def run_section(args, name: str) -> bool:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     args.work_dir.mkdir(parents=True, exist_ok=True)
+    if args.record_timeout:
+        name, seconds = args.record_timeout.split(":")
+        results = json.loads(args.output.read_text()) if args.output.is_file() else {}
+        results[name] = {"error": f"timeout: stopped after {seconds} s"}
+        common.write_json(args.output, results)
+        return 0
     failed = [name for name in args.section if not run_section(args, name)]
     return 1 if failed else 0
 
