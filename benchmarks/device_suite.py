@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 import traceback
@@ -154,7 +155,11 @@ def section_setup(args, results: dict) -> dict:
              for p, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32))}
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
     spec = args.peak_tflops or next((v for k, v in SPEC_BF16_TFLOPS.items() if k in name), None)
-    return {"device_name": name, "models": models, "smollm2_matmul_params": matmul_params(models["smollm2"]),
+    # A lent machine gets TRL from carried wheels; where it does not import, the sections that can still run
+    # rmkit alone (reward models, GRPO) do, and say so.
+    trl = subprocess.run([sys.executable, "-c", "import trl, datasets"], capture_output=True, text=True)
+    return {"device_name": name, "trl_import_error": trl.stderr[-2000:] if trl.returncode else None,
+            "models": models, "smollm2_matmul_params": matmul_params(models["smollm2"]),
             "matmul_peak_flops": peaks, "spec_bf16_peak_flops": spec * 1e12 if spec else None,
             "weights": "tiny random" if args.tiny else args.weights,
             "accuracy_meaningful": args.weights == "real", "machine": common.machine_info(),
@@ -196,7 +201,8 @@ def train_rm(args, results: dict, name: str, workload: str, precision: str) -> d
     pairs, eval_pairs = ("16", "8") if args.tiny else size
     argv = [*common_args(args, name), "--workload", workload, "--backbone", backbone, "--pairs", pairs,
             "--eval-pairs", eval_pairs, "--eval-files", "hh_harmless_val.jsonl", "--precision", precision,
-            "--batch-size", "8" if args.tiny else "16", "--warmup-epochs", "1", "--data-dir", str(args.data_dir)]
+            "--batch-size", "8" if args.tiny else "16", "--warmup-epochs", "1", "--data-dir", str(args.data_dir),
+            *(["--sides", "rmkit"] if setup.get("trl_import_error") else [])]
     status = train_vs_trl.main(argv)
     raw = json.loads((args.work_dir / f"{name}.json").read_text())
     params = raw["workload"]["non_embedding_params"]
@@ -266,7 +272,8 @@ def section_grpo(args, results: dict) -> dict:
         if args.tiny else ["--prompts", "8", "--generations", "4", "--steps", "4", "--max-new-tokens", "48",
                            "--eval-prompts", "16"]
     argv = [*common_args(args, "grpo"), "--policy", setup["models"]["smollm2"], "--reward-model", str(reward_model),
-            *sizes, "--precision", "bf16", "--warmup-steps", "1", "--data-dir", str(args.data_dir)]
+            *sizes, "--precision", "bf16", "--warmup-steps", "1", "--data-dir", str(args.data_dir),
+            *(["--sides", "rmkit"] if setup.get("trl_import_error") else [])]
     status = grpo_vs_trl.main(argv)
     raw = json.loads((args.work_dir / "grpo.json").read_text())
     summary = {r["side"]: {"seconds_per_step": r["seconds_per_step"], "generated_tokens_per_s": r["generated_tokens_per_s"],

@@ -4,7 +4,9 @@
 # important first, each under its own timeout and all within BENCH_BUDGET seconds (default 330: the machine's
 # 10-minute call limit leaves room for a second try). $OUT receives results.json (rewritten after every section),
 # rm_profile.txt and log.txt.
-# Dry run on a CPU: BENCH_DEVICE=cpu BENCH_TINY=1 BENCH_INSTALL=0 PYTHON=.venv/bin/python OUT=/tmp/out bash ...
+# Dry run on a CPU (tiny models; slower than the GPU, hence a larger budget and per-section limits):
+#   OUT=/tmp/out BENCH_DEVICE=cpu BENCH_TINY=1 BENCH_INSTALL=0 BENCH_THREADS=1 BENCH_BUDGET=900 BENCH_LIMIT_SCALE=3 \
+#   PYTHON=.venv/bin/python bash scripts/gpu_check/bench.sh
 set -o pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:?set OUT to the folder that receives the results}
@@ -29,7 +31,7 @@ run() {
     [ "${BENCH_TINY:-0}" = 1 ] && args+=(--tiny)
     # section:seconds, in the order of importance; a section gets what is left of the budget at most.
     for entry in setup:45 profile:70 rm_minilm:90 dpo:60 sft:60 rm_smollm2:50 grpo:70 score:40; do
-        local name=${entry%%:*} limit=${entry##*:} left=$((BUDGET - SECONDS))
+        local name=${entry%%:*} limit=$((${entry##*:} * ${BENCH_LIMIT_SCALE:-1})) left=$((BUDGET - SECONDS))
         if [ "$left" -lt 20 ]; then echo "section $name: skipped, ${left} s of the budget left"; continue; fi
         [ "$left" -lt "$limit" ] && limit=$left
         echo "== section $name (limit ${limit} s, at ${SECONDS} s)"
