@@ -19,7 +19,7 @@ def test_matmul_params_count_a_tied_lm_head_once(tiny_policy):
     assert device_suite.matmul_params(tiny_policy) == common.non_embedding_params(model) + head.numel()
 
 
-@pytest.mark.slow  # ~6 min on 2 cores: 16 training subprocesses, each importing transformers (and TRL)
+@pytest.mark.slow  # ~3 min on 2 cores: 16 training subprocesses, each importing transformers (and TRL)
 def test_device_suite_runs_every_section_on_cpu(shared_data, tmp_path):
     out = tmp_path / "out" / "results.json"
     status = device_suite.main(["--device", "cpu", "--tiny", "--threads", "1", "--data-dir", str(shared_data),
