@@ -152,22 +152,45 @@ def non_embedding_params(model: torch.nn.Module) -> int:
     return sum(p.numel() for p in model.parameters()) - embedding
 
 
-def matmul_peak_flops(dtype: torch.dtype, threads: int, size: int = 1024, seconds: float = 2.0) -> float:
-    """Best sustained FLOP/s of a square `size` matmul in `dtype` on `threads` threads (this process)."""
+def matmul_peak_flops(dtype: torch.dtype, threads: int, size: int = 1024, seconds: float = 2.0,
+                      device: str = "cpu") -> float:
+    """Best sustained FLOP/s of a square `size` matmul in `dtype` on `threads` threads (this process), on
+    `device` (a GPU wants a bigger `size`, e.g. 8192, to reach its peak)."""
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
-    a = torch.randn(size, size).to(dtype)
-    b = torch.randn(size, size).to(dtype)
+    a = torch.randn(size, size).to(device=device, dtype=dtype)
+    b = torch.randn(size, size).to(device=device, dtype=dtype)
     for _ in range(3):  # warm up the kernels and caches
         a @ b
     best, deadline = 0.0, time.perf_counter() + seconds
     while time.perf_counter() < deadline:
-        start = time.perf_counter()
+        start = synchronized_time()
         for _ in range(5):
             a @ b
-        best = max(best, 5 * 2 * size**3 / (time.perf_counter() - start))
+        best = max(best, 5 * 2 * size**3 / (synchronized_time() - start))
     torch.set_num_threads(previous)
     return best
+
+
+def synchronized_time() -> float:
+    """`time.perf_counter()` after the queued CUDA work has finished (kernels run asynchronously: reading a
+    clock without waiting would time their launch, not their run). On CPU it is `perf_counter` alone."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def peak_gpu_mib() -> float | None:
+    """`torch.cuda.max_memory_allocated()` of this process in MiB; None where CUDA was not used."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.max_memory_allocated() / 2**20
+    return None
+
+
+def device_env(device: str) -> dict:
+    """Environment for a worker on `device`: `cpu` hides the GPUs, so rmkit (which takes CUDA whenever it is
+    there, `rmkit.distributed.init_distributed`) stays on the CPU with TRL; `cuda` leaves them visible."""
+    return {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
 
 
 def peak_rss_mib() -> float:

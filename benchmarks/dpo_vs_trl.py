@@ -39,7 +39,14 @@ pi_ref(y|x)) of each response, by one function for both sides' saved models (the
 weights), each sequence run alone; accuracy = the fraction with chosen > rejected (a tie is wrong), for each
 side's first run.
 
+`--device cuda` runs both trainers (and the held-out scoring) on the GPU and records each run's peak GPU memory;
+the clocks synchronize CUDA before reading the time. `--precision bf16` is bf16 autocast over float32 weights on
+both sides (TRL `bf16=True`, rmkit `policy.precision=bfloat16`). `--warmup-epochs N` trains N untimed epochs
+first: `steady_training_pairs_per_s` is then the pairs of the last epoch over its seconds (from the end of the
+last warmup step to the end of the last step); `pairs_per_s` stays every epoch's pairs over the whole span.
+
     python benchmarks/dpo_vs_trl.py --pairs 64 --eval-pairs 64 --repeats 3
+    python benchmarks/dpo_vs_trl.py --device cuda --precision bf16 --warmup-epochs 1 --repeats 1 --threads 8
     python benchmarks/dpo_vs_trl.py table benchmarks/results/dpo_vs_trl.json
 """
 
@@ -65,6 +72,7 @@ from benchmarks import common  # noqa: E402
 SIDES = ("trl", "rmkit")
 SEED, WEIGHT_DECAY, MAX_GRAD_NORM, BETAS, EPS = 42, 0.01, 1.0, (0.9, 0.999), 1e-8
 ID_KEYS = ("prompt_ids", "chosen_ids", "rejected_ids")
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -78,6 +86,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch", type=int, default=8, help="pairs per optimizer step")
     parser.add_argument("--micro", type=int, default=4, help="pairs per forward/backward and per reference forward")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both trainers run")
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32", help="bf16: autocast, both sides")
+    parser.add_argument("--warmup-epochs", type=int, default=0, help="untimed epochs before the timed one")
     parser.add_argument("--repeats", type=int, default=3, help="runs per side, alternating which goes first")
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rmkit-bench-dpo"))
@@ -86,6 +97,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     for name in ("pairs", "max_length", "batch", "micro", "threads", "repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    if args.warmup_epochs < 0:
+        parser.error("--warmup-epochs must be 0 or more")
     if args.eval_pairs < 0:
         parser.error("--eval-pairs must be 0 (skip the held-out accuracy) or more")
     if args.policy != "smollm2" and not Path(args.policy).exists():
@@ -106,10 +119,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 class RunClock:
     """Times a run through a hook on the model's input embeddings and one on every optimizer step, the same for
     both trainers: `start` the first forward, `train_start` the first forward with grad enabled in train mode,
-    `end` the last optimizer step; forwards before `train_start` are the reference pass's."""
+    `end` the last optimizer step; forwards before `train_start` are the reference pass's. Each reading waits for
+    queued CUDA work (`common.synchronized_time`); forwards that read no clock do not wait."""
 
     def __init__(self) -> None:
         self.start = self.train_start = self.end = None
+        self.step_ends: list[float] = []
         self.reference_forwards = self.training_forwards = self.steps = 0
         self.peak_rss_mib = 0.0
         self.weights_hash_s = 0.0
@@ -119,16 +134,19 @@ class RunClock:
         register_optimizer_step_post_hook(self._on_step)
 
     def _on_forward(self, module, inputs) -> None:
-        now = time.perf_counter()
-        self.start = self.start or now
-        if module.training and torch.is_grad_enabled():
+        training = module.training and torch.is_grad_enabled()
+        if self.start is None or (training and self.train_start is None):
+            now = common.synchronized_time()
+            self.start = self.start or now
+        if training:
             self.train_start = self.train_start or now
             self.training_forwards += 1
         elif self.train_start is None:
             self.reference_forwards += 1
 
     def _on_step(self, *_) -> None:
-        self.end, self.steps = time.perf_counter(), self.steps + 1
+        self.end, self.steps = common.synchronized_time(), self.steps + 1
+        self.step_ends.append(self.end)
         self.peak_rss_mib = common.peak_rss_mib()
 
     def timed_hash(self, fn):
@@ -141,13 +159,19 @@ class RunClock:
                 self.weights_hash_s += time.perf_counter() - t0
         return timed
 
-    def result(self) -> dict:
+    def result(self, warmup_steps: int = 0) -> dict:
+        """The spans; with `warmup_steps`, also `steady_training_s`: from the end of that optimizer step on."""
         if self.train_start is None or self.end is None:
             raise SystemExit("the run made no training forward or no optimizer step")
-        return {"total_s": self.end - self.start, "reference_s": self.train_start - self.start,
-                "training_s": self.end - self.train_start, "weights_hash_s": self.weights_hash_s,
-                "reference_forwards": self.reference_forwards, "training_forwards": self.training_forwards,
-                "optimizer_steps": self.steps, "peak_rss_mib": self.peak_rss_mib}
+        result = {"total_s": self.end - self.start, "reference_s": self.train_start - self.start,
+                  "training_s": self.end - self.train_start, "weights_hash_s": self.weights_hash_s,
+                  "reference_forwards": self.reference_forwards, "training_forwards": self.training_forwards,
+                  "optimizer_steps": self.steps, "peak_rss_mib": self.peak_rss_mib}
+        if warmup_steps:
+            if len(self.step_ends) <= warmup_steps:
+                raise SystemExit(f"{len(self.step_ends)} optimizer steps: none after the {warmup_steps} warmup steps")
+            result["steady_training_s"] = self.end - self.step_ends[warmup_steps - 1]
+        return result
 
 
 def token_digest(pairs: list[dict]) -> str:
@@ -169,7 +193,7 @@ def train_trl(spec: dict, clock: RunClock) -> str:
             return dataset
 
     dpo_trainer.hash_module = clock.timed_hash(dpo_trainer.hash_module)
-    model = AutoModelForCausalLM.from_pretrained(spec["policy_dir"], dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(spec["policy_dir"], dtype=torch.float32)  # master weights
     tokenizer = AutoTokenizer.from_pretrained(spec["policy_dir"])
     clock.attach(model)
     pairs = json.loads(Path(spec["pairs_ids"]).read_text())
@@ -177,10 +201,11 @@ def train_trl(spec: dict, clock: RunClock) -> str:
         output_dir=spec["out_dir"], per_device_train_batch_size=spec["micro"],
         gradient_accumulation_steps=spec["batch"] // spec["micro"], learning_rate=spec["lr"], beta=spec["beta"],
         loss_type=["sigmoid"], weight_decay=WEIGHT_DECAY, adam_beta1=BETAS[0], adam_beta2=BETAS[1], adam_epsilon=EPS,
-        lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=MAX_GRAD_NORM, num_train_epochs=1,
+        lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=MAX_GRAD_NORM, num_train_epochs=spec["epochs"],
         max_length=spec["max_length"], precompute_ref_log_probs=True, precompute_ref_batch_size=spec["micro"],
-        gradient_checkpointing=False, bf16=False, fp16=False, disable_dropout=True, save_strategy="no",
-        eval_strategy="no", report_to=[], logging_steps=10**6, seed=SEED, use_cpu=True, dataloader_num_workers=0,
+        gradient_checkpointing=False, bf16=spec["precision"] == "bf16", fp16=False, disable_dropout=True,
+        save_strategy="no", eval_strategy="no", report_to=[], logging_steps=10**6, seed=SEED,
+        use_cpu=spec["device"] == "cpu", dataloader_num_workers=0,
         disable_tqdm=True)
     trainer = PretokenizedDPOTrainer(model=model, args=args, train_dataset=Dataset.from_list(pairs),
                                      processing_class=tokenizer)
@@ -216,11 +241,11 @@ def train_rmkit(spec: dict, clock: RunClock) -> str:
         "data.val_data_paths={}", "data.batching=random", f"checkpointing.checkpoint_dir={spec['out_dir']}",
         "checkpointing.enabled=false", f"policy.train_global_batch_size={spec['batch']}",
         f"policy.train_micro_batch_size={spec['micro']}", f"policy.max_total_sequence_length={spec['max_length']}",
-        "policy.precision=float32", f"policy.optimizer.lr={spec['lr']}", f"policy.optimizer.weight_decay={WEIGHT_DECAY}",
+        f"policy.precision={PRECISIONS[spec['precision']]}", f"policy.optimizer.lr={spec['lr']}", f"policy.optimizer.weight_decay={WEIGHT_DECAY}",
         f"policy.optimizer.betas=[{BETAS[0]},{BETAS[1]}]", f"policy.optimizer.eps={EPS}",
         "policy.scheduler.name=constant", "policy.scheduler.warmup_steps=0", f"policy.max_grad_norm={MAX_GRAD_NORM}",
         "policy.gradient_checkpointing=false", "policy.disable_dropout=true", f"policy.num_threads={spec['threads']}",
-        f"dpo.reference_policy_kl_penalty={spec['beta']}", "dpo.max_num_epochs=1", "dpo.max_num_steps=null",
+        f"dpo.reference_policy_kl_penalty={spec['beta']}", f"dpo.max_num_epochs={spec['epochs']}", "dpo.max_num_steps=null",
         f"dpo.seed={SEED}", "dpo.val_at_start=false", "dpo.val_period=0", "dpo.num_sample_generations=0",
         "logger.progress_bar=false", "logger.tensorboard=false", "logger.plots=false"]
     dpo.train(load_config(None, overrides, tree_type=DPOTree))
@@ -234,7 +259,8 @@ def worker(spec_path: Path) -> None:
     torch.manual_seed(SEED)
     clock = RunClock()
     digest = {"trl": train_trl, "rmkit": train_rmkit}[spec["side"]](spec, clock)
-    common.write_json(Path(spec["result_path"]), {**clock.result(), "token_digest": digest})
+    gpu = {"peak_gpu_mib": common.peak_gpu_mib()} if spec["device"] == "cuda" else {}
+    common.write_json(Path(spec["result_path"]), {**clock.result(spec["warmup_steps"]), **gpu, "token_digest": digest})
 
 
 # ---------------------------------------------------------------- orchestration
@@ -287,10 +313,12 @@ def run(args: argparse.Namespace, data: dict, side: str, repeat: int) -> dict:
     spec = {"side": side, "policy_dir": data["policy_dir"], "pairs_jsonl": data["pairs_jsonl"],
             "pairs_ids": data["pairs_ids"], "max_length": args.max_length, "lr": args.lr, "beta": args.beta,
             "batch": args.batch, "micro": args.micro, "threads": args.threads, "out_dir": str(run_dir / "out"),
+            "device": args.device, "precision": args.precision, "epochs": args.warmup_epochs + 1,
+            "warmup_steps": args.warmup_epochs * (args.pairs // args.batch),
             "model_dir": str(model_dir), "save_model": repeat == 0, "result_path": str(run_dir / "result.json")}
     (run_dir / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": str(common.REPO_ROOT), "OMP_NUM_THREADS": str(args.threads),
-           "TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1"}
+           "TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1", **common.device_env(args.device)}
     start = time.perf_counter()
     with open(run_dir / "log.txt", "w") as log:  # streamed: a slow run can be watched
         proc = subprocess.run([sys.executable, __file__, "worker", str(run_dir / "spec.json")], env=env,
@@ -301,14 +329,17 @@ def run(args: argparse.Namespace, data: dict, side: str, repeat: int) -> dict:
     if repeat:  # only each side's first run is scored; rmkit exports every run
         shutil.rmtree(run_dir / "out", ignore_errors=True)
     result.update(run=name, side=side, repeat=repeat, wall_s=time.perf_counter() - start,
-                  pairs_per_s=args.pairs / result["total_s"], model_dir=str(model_dir) if repeat == 0 else None)
+                  pairs_per_s=spec["epochs"] * args.pairs / result["total_s"],
+                  model_dir=str(model_dir) if repeat == 0 else None)
+    if "steady_training_s" in result:
+        result["steady_training_pairs_per_s"] = args.pairs / result["steady_training_s"]
     print(f"{name:>8}: {result['pairs_per_s']:.3f} pairs/s (reference {result['reference_s']:.1f} s, training "
           f"{result['training_s']:.1f} s), peak RSS {result['peak_rss_mib']:.0f} MiB", flush=True)
     return result
 
 
 @torch.no_grad()
-def response_logprob_sums(model_dir: str, pairs: list[dict]) -> torch.Tensor:
+def response_logprob_sums(model_dir: str, pairs: list[dict], device: str = "cpu") -> torch.Tensor:
     """`[P, 2]`: each pair's summed log-probs of its chosen and rejected response tokens given the prompt, by the
     causal LM in `model_dir` (float32). Independent of rmkit's shared-prefix rows: the prompt runs alone once
     with transformers' KV cache, which `rmkit.generation.run_with_copied_cache` copies to two rows; the two
@@ -320,16 +351,16 @@ def response_logprob_sums(model_dir: str, pairs: list[dict]) -> torch.Tensor:
     from rmkit.models.reward import transformers_progress_bars_off
 
     with transformers_progress_bars_off():
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     sums = torch.zeros(len(pairs), 2)
     for i, pair in enumerate(pairs):
         if not pair["prompt_ids"]:
             raise SystemExit(f"pair {i} has an empty prompt: the held-out scoring needs one to condition on")
-        prompt, resume = run_with_copied_cache(model, torch.tensor([0, 0]),  # one copy per response
-                                               input_ids=torch.tensor([pair["prompt_ids"]]))
+        prompt, resume = run_with_copied_cache(model, torch.tensor([0, 0], device=device),  # one copy per response
+                                               input_ids=torch.tensor([pair["prompt_ids"]], device=device))
         responses = (pair["chosen_ids"], pair["rejected_ids"])
         width = max(len(r) for r in responses)
-        ids = torch.tensor([list(r) + [0] * (width - len(r)) for r in responses])
+        ids = torch.tensor([list(r) + [0] * (width - len(r)) for r in responses], device=device)
         logits = torch.cat([prompt.logits[:, -1:].expand(2, 1, -1), model(input_ids=ids, **resume).logits],
                            dim=1)  # [2, width + 1, V]: position t predicts response token t
         logprobs = torch.log_softmax(logits[:, :width].float(), dim=-1).gather(-1, ids[..., None]).squeeze(-1)
@@ -347,14 +378,14 @@ def implicit_reward_accuracy(logprobs: torch.Tensor, reference: torch.Tensor, be
             "correct": correct.tolist()}
 
 
-def held_out_accuracies(data: dict, runs: list[dict], beta: float) -> dict:
+def held_out_accuracies(data: dict, runs: list[dict], beta: float, device: str = "cpu") -> dict:
     """`implicit_reward_accuracy` on the held-out pairs for each side's saved model (its first run), against the
     starting weights, and `agreement`: the fraction of pairs both sides call the same way."""
-    reference = response_logprob_sums(data["policy_dir"], data["held_out"])
+    reference = response_logprob_sums(data["policy_dir"], data["held_out"], device)
     held = {}
     for r in runs:
         if r["model_dir"]:
-            held[r["side"]] = implicit_reward_accuracy(response_logprob_sums(r["model_dir"], data["held_out"]),
+            held[r["side"]] = implicit_reward_accuracy(response_logprob_sums(r["model_dir"], data["held_out"], device),
                                                        reference, beta)
             print(f"held-out accuracy {r['side']}: {held[r['side']]['accuracy']:.3f}", flush=True)
     if set(held) == set(SIDES):
@@ -366,6 +397,8 @@ def held_out_accuracies(data: dict, runs: list[dict], beta: float) -> dict:
 def summarize(runs: list[dict]) -> dict:
     """Per side, the median over repeats of each measure."""
     keys = ("pairs_per_s", "total_s", "reference_s", "training_s", "weights_hash_s", "peak_rss_mib", "wall_s")
+    keys += tuple(k for k in ("steady_training_pairs_per_s", "steady_training_s", "peak_gpu_mib")
+                  if all(k in r for r in runs))
     return {side: {k: common.median([r[k] for r in runs if r["side"] == side]) for k in keys}
             for side in SIDES if any(r["side"] == side for r in runs)}
 
@@ -398,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     for repeat in range(args.repeats):
         for side in SIDES if repeat % 2 == 0 else SIDES[::-1]:
             runs.append(run(args, data, side, repeat))
-    held = held_out_accuracies(data, runs, args.beta) if data["held_out"] else {}
+    held = held_out_accuracies(data, runs, args.beta, args.device) if data["held_out"] else {}
     tokens_identical = all(r["token_digest"] == data["token_digest"] for r in runs)
     payload = {
         "command": "python benchmarks/dpo_vs_trl.py " + " ".join(argv),
@@ -407,11 +440,13 @@ def main(argv: list[str] | None = None) -> int:
                      "max_length": args.max_length, "lr": args.lr, "beta": args.beta, "global_batch": args.batch,
                      "micro_batch": args.micro, "threads": args.threads, "repeats": args.repeats, "seed": SEED,
                      "weight_decay": WEIGHT_DECAY, "max_grad_norm": MAX_GRAD_NORM, "betas": list(BETAS), "eps": EPS,
-                     "schedule": "constant", "precision": "float32", "device": "cpu"},
+                     "schedule": "constant", "precision": PRECISIONS[args.precision], "device": args.device,
+                     **({"warmup_epochs": args.warmup_epochs} if args.warmup_epochs else {})},
         "data": {"pairs": args.pairs, "unshared_row_tokens": data["unshared_row_tokens"],
                  "token_digest": data["token_digest"]},
         "checks": {"tokens_identical": tokens_identical,
-                   "optimizer_steps_equal": all(r["optimizer_steps"] == args.pairs // args.batch for r in runs),
+                   "optimizer_steps_equal": all(r["optimizer_steps"] == (args.warmup_epochs + 1) * args.pairs // args.batch
+                                                for r in runs),
                    "reference_pass_ran": all(r["reference_forwards"] > 0 for r in runs)},
         "runs": runs,
         "median": summarize(runs),

@@ -32,6 +32,11 @@ generation seconds; peak RSS of the subprocess. Then the held-out reward: one gr
 held-out prompt (hh_harmless_val.jsonl) from the initial and each final policy, by `rmkit.generation`,
 scored by the same environment, in this process.
 
+`--device cuda` puts both policies (training, generation, the held-out completions) on the GPU and records each
+run's peak GPU memory; the reward model stays where `rmkit grpo` puts it, on the CPU, for both sides.
+`--precision bf16` is bf16 autocast over float32 weights on both sides (TRL `bf16=True`, rmkit
+`policy.precision=bfloat16`). `--warmup-steps K` leaves the first K steps out of the means (first-call costs).
+
     python benchmarks/grpo_vs_trl.py --reward-model results/rm/final
     python benchmarks/grpo_vs_trl.py --prompts 4 --generations 4 --max-new-tokens 32 --steps 3
 """
@@ -54,6 +59,7 @@ from benchmarks import common  # noqa: E402
 
 SIDES = ("trl", "rmkit")
 PARTS = ("generation", "reward_calculation", "logprobs", "training", "total")
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
 RMKIT_TIMING = {"generation": "generation", "reward_calculation": "reward_calculation",
                 "logprobs": "policy_and_reference_logprobs", "training": "policy_training",
                 "total": "total_step_time"}
@@ -73,6 +79,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--beta", type=float, default=0.01, help="KL coefficient (k3 estimator)")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both policies run")
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32", help="bf16: autocast, both sides")
+    parser.add_argument("--warmup-steps", type=int, default=0, help="first steps left out of the means")
     parser.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts (0: skip)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--sides", default="trl,rmkit", help="comma list of trl, rmkit (run in this order)")
@@ -83,6 +92,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.sides = [s for s in args.sides.split(",") if s]
     if not set(args.sides) <= set(SIDES):
         parser.error("--sides takes trl,rmkit")
+    if not 0 <= args.warmup_steps < args.steps:
+        parser.error("--warmup-steps must leave at least one of the --steps timed")
     return args
 
 
@@ -117,9 +128,9 @@ def train_trl(spec: dict) -> list[dict]:
         scale_rewards="group", num_iterations=1, learning_rate=spec["lr"], lr_scheduler_type="constant",
         warmup_steps=0, weight_decay=0.01, adam_beta1=0.9, adam_beta2=0.999, adam_epsilon=1e-8, max_grad_norm=1.0,
         max_steps=spec["steps"], num_train_epochs=1, disable_dropout=True, gradient_checkpointing=False,
-        bf16=False, use_cpu=True, seed=spec["seed"], logging_steps=1, report_to="none", save_strategy="no",
+        bf16=spec["precision"] == "bf16", use_cpu=spec["device"] == "cpu", seed=spec["seed"], logging_steps=1, report_to="none", save_strategy="no",
         disable_tqdm=True, log_completions=False)
-    model = AutoModelForCausalLM.from_pretrained(spec["policy_dir"], dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(spec["policy_dir"], dtype=torch.float32)  # master weights
     tokenizer = AutoTokenizer.from_pretrained(spec["policy_dir"])
     trainer = GRPOTrainer(model=model, reward_funcs=reward_callable(spec["reward_model"]), args=config,
                           train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tokenizer)
@@ -131,11 +142,11 @@ def train_trl(spec: dict) -> list[dict]:
 
     class StepTimer(TrainerCallback):
         def on_step_begin(self, *_, **__):
-            self.start, self.before = time.perf_counter(), dict(spent)
+            self.start, self.before = common.synchronized_time(), dict(spent)
 
         def on_step_end(self, *_, **__):
             d = {k: spent[k] - self.before[k] for k in spent}
-            total = time.perf_counter() - self.start
+            total = common.synchronized_time() - self.start
             steps.append({"generation": d["generation"], "reward_calculation": d["reward_calculation"],
                           "logprobs": d["generate_and_score"] - d["generation"] - d["reward_calculation"],
                           "training": total - d["generate_and_score"], "total": total})
@@ -152,11 +163,11 @@ def train_trl(spec: dict) -> list[dict]:
 
 def _timed(fn, spent: dict, name: str):
     def wrapper(*args, **kwargs):
-        start = time.perf_counter()
+        start = common.synchronized_time()
         try:
             return fn(*args, **kwargs)
         finally:
-            spent[name] += time.perf_counter() - start
+            spent[name] += common.synchronized_time() - start
     return wrapper
 
 
@@ -172,7 +183,7 @@ def rmkit_config(spec: dict) -> dict:
                     "ratio_clip_min": 0.2, "ratio_clip_max": 0.2, "token_level_loss": True},
         "policy": {"model_name": spec["policy_dir"], "train_global_batch_size": rollout,
                    "train_micro_batch_size": rollout, "generation_batch_size": rollout,
-                   "max_total_sequence_length": spec["max_length"], "precision": "float32",
+                   "max_total_sequence_length": spec["max_length"], "precision": PRECISIONS[spec["precision"]],
                    "generation": {"max_new_tokens": spec["max_new_tokens"], "temperature": spec["temperature"],
                                   "top_p": 1.0, "top_k": None},
                    "optimizer": {"lr": spec["lr"], "weight_decay": 0.01, "betas": [0.9, 0.999], "eps": 1e-8},
@@ -212,8 +223,9 @@ def worker(spec_path: Path) -> None:
     torch.set_num_threads(spec["threads"])
     start = time.perf_counter()
     steps = {"trl": train_trl, "rmkit": train_rmkit}[spec["side"]](spec)
+    gpu = {"peak_gpu_mib": common.peak_gpu_mib()} if spec["device"] == "cuda" else {}
     common.write_json(Path(spec["result_path"]), {"steps": steps, "run_s": time.perf_counter() - start,
-                                                  "peak_rss_mib": common.peak_rss_mib()})
+                                                  "peak_rss_mib": common.peak_rss_mib(), **gpu})
 
 
 # ---------------------------------------------------------------- orchestration
@@ -261,12 +273,13 @@ def run_side(args, data: dict, side: str) -> dict:
     spec = {"side": side, "prompts": args.prompts, "generations": args.generations, "steps": args.steps,
             "max_new_tokens": args.max_new_tokens, "max_length": args.max_length, "lr": args.lr,
             "beta": args.beta, "temperature": args.temperature, "threads": args.threads, "seed": args.seed,
+            "device": args.device, "precision": args.precision,
             "policy_dir": data["policy_dir"], "reward_model": data["reward_model"],
             "prompts_file": data["prompts_file"], "out_dir": str(out_dir / "run"),
             "model_out": str(out_dir / "model"), "result_path": str(out_dir / "result.json")}
     (out_dir / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "PYTHONPATH": str(common.REPO_ROOT), "OMP_NUM_THREADS": str(args.threads),
-           "TOKENIZERS_PARALLELISM": "false"}
+           "TOKENIZERS_PARALLELISM": "false", **common.device_env(args.device)}
     start = time.perf_counter()
     with open(out_dir / "log.txt", "w") as log:  # streamed: a slow run can be watched
         proc = subprocess.run([sys.executable, __file__, "worker", str(out_dir / "spec.json")], env=env,
@@ -278,7 +291,8 @@ def run_side(args, data: dict, side: str) -> dict:
     result = json.loads((out_dir / "result.json").read_text())
     if len(result["steps"]) != args.steps:
         raise SystemExit(f"{side}: {len(result['steps'])} steps timed, {args.steps} expected")
-    result.update(side=side, wall_s=wall, model_dir=spec["model_out"], **summarize_steps(result["steps"]))
+    result.update(side=side, wall_s=wall, model_dir=spec["model_out"],
+                  **summarize_steps(result["steps"][args.warmup_steps:]))
     print(f"{side:>5}: {result['seconds_per_step']['total']:.2f} s/step ("
           + ", ".join(f"{p} {result['seconds_per_step'][p]:.2f}" for p in PARTS[:-1])
           + f"), {result['generated_tokens_per_s']:.1f} generated tokens/s, rss {result['peak_rss_mib']:.0f} MiB, "
@@ -287,7 +301,7 @@ def run_side(args, data: dict, side: str) -> dict:
 
 
 def summarize_steps(steps: list[dict]) -> dict:
-    """Mean seconds per step and per part over all steps, and generated tokens / generation seconds."""
+    """Mean seconds per step and per part over `steps`, and generated tokens / generation seconds."""
     mean = {p: sum(s[p] for s in steps) / len(steps) for p in PARTS}
     tokens = sum(s["generated_tokens"] for s in steps)
     return {"seconds_per_step": mean, "generated_tokens_per_s": tokens / sum(s["generation"] for s in steps),
@@ -295,7 +309,8 @@ def summarize_steps(steps: list[dict]) -> dict:
 
 
 @torch.no_grad()
-def held_out_reward(policy_dir: str, reward_model: str, prompts: list[list[dict]], max_new_tokens: int) -> dict:
+def held_out_reward(policy_dir: str, reward_model: str, prompts: list[list[dict]], max_new_tokens: int,
+                    device: str = "cpu") -> dict:
     """Mean reward of one greedy completion per prompt, generated by `rmkit.generation` and scored by the
     reward environment (the same code for every policy)."""
     from rmkit.data.tokenize import render_prompt
@@ -304,7 +319,7 @@ def held_out_reward(policy_dir: str, reward_model: str, prompts: list[list[dict]
     from rmkit.models.policy import load_policy_model
 
     model, tokenizer = load_policy_model(policy_dir)
-    model.eval()
+    model.to(device).eval()
     out = generate_completions(model, tokenizer, [render_prompt(tokenizer, p) for p in prompts],
                                SamplingParams(max_new_tokens=max_new_tokens, temperature=0.0))
     env = RewardModelEnvironment({"model_name": reward_model, "dtype": "float32", "max_batch_size": 32})
@@ -345,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     held = {}
     if data["held_out"]:
         for name, directory in [("initial", data["policy_dir"]), *[(r["side"], r["model_dir"]) for r in runs]]:
-            held[name] = held_out_reward(directory, data["reward_model"], data["held_out"], args.max_new_tokens)
+            held[name] = held_out_reward(directory, data["reward_model"], data["held_out"], args.max_new_tokens,
+                                         args.device)
             print(f"held-out reward {name}: {held[name]['mean']:.4f}", flush=True)
     payload = {
         "command": "python benchmarks/grpo_vs_trl.py " + " ".join(argv),
@@ -353,8 +369,9 @@ def main(argv: list[str] | None = None) -> int:
         "workload": {"policy": args.policy, "reward_model": data["reward_model"], "prompts_per_step": args.prompts,
                      "generations_per_prompt": args.generations, "steps": args.steps,
                      "max_new_tokens": args.max_new_tokens, "lr": args.lr, "beta": args.beta,
-                     "temperature": args.temperature, "threads": args.threads, "precision": "fp32",
-                     "device": "cpu", "held_out_prompts": len(data["held_out"])},
+                     "temperature": args.temperature, "threads": args.threads, "precision": args.precision,
+                     "device": args.device, "held_out_prompts": len(data["held_out"]),
+                     **({"warmup_steps": args.warmup_steps} if args.warmup_steps else {})},
         "runs": runs,
         "held_out_reward": held,
     }

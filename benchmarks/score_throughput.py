@@ -15,8 +15,13 @@ Pairs/s are medians over `--repeats`; the ratio is rmkit over the pipeline's bes
 gets its model FLOP utilization: 2 x non-embedding parameters x the tokens scored, over its time, against
 the fp32 matmul peak measured in the same run; `ceiling_pairs_per_s` is the pairs/s that would take 100%.
 
+`--device cuda` runs the model (one object, shared by both paths) on the GPU, with CUDA synchronized before each
+clock reading; `--precision bf16` runs both paths under bf16 autocast (rmkit `precision="bfloat16"`, the
+pipeline inside `torch.autocast`), and the peak is then measured in bf16.
+
     python benchmarks/score_throughput.py
     python benchmarks/score_throughput.py --pairs 64 --batch-sizes 1,16 --repeats 1
+    python benchmarks/score_throughput.py --device cuda --precision bf16 --batch-sizes 1,64 --threads 8
 """
 
 from __future__ import annotations
@@ -45,6 +50,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast, both paths")
     parser.add_argument("--cli", action="store_true", help="also time the `rmkit score` command end to end")
     parser.add_argument(
         "--output", type=Path, default=common.REPO_ROOT / "benchmarks" / "results" / "score_throughput.json"
@@ -62,13 +69,14 @@ def rmkit_scores(scorer, records) -> torch.Tensor:
     return scorer.score_ids(rows)[:, 0]
 
 
-def pipeline_scores(pipe, texts: list[str], batch_size: int, max_length: int) -> torch.Tensor:
-    """Raw scores `[len(texts)]` from the pipeline; batch size 1 calls it once per text."""
+def pipeline_scores(pipe, texts: list[str], batch_size: int, max_length: int, bf16: bool = False) -> torch.Tensor:
+    """Raw scores `[len(texts)]` from the pipeline; batch size 1 calls it once per text; `bf16`: under autocast."""
     kwargs = {"truncation": True, "max_length": max_length, "function_to_apply": "none"}
-    if batch_size == 1:
-        outputs = [pipe(text, **kwargs)[0] for text in texts]
-    else:
-        outputs = pipe(texts, batch_size=batch_size, **kwargs)
+    with torch.autocast(pipe.device.type, dtype=torch.bfloat16, enabled=bf16):
+        if batch_size == 1:
+            outputs = [pipe(text, **kwargs)[0] for text in texts]
+        else:
+            outputs = pipe(texts, batch_size=batch_size, **kwargs)
     return torch.tensor([out["score"] for out in outputs])
 
 
@@ -76,9 +84,9 @@ def timed(fn, repeats: int) -> tuple[float, object]:
     """Median seconds of `repeats` calls of `fn()` and the last result."""
     times, result = [], None
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = common.synchronized_time()
         result = fn()
-        times.append(time.perf_counter() - start)
+        times.append(common.synchronized_time() - start)
     return common.median(times), result
 
 
@@ -117,7 +125,8 @@ def markdown_table(payload: dict) -> str:
     ratio = payload["results"]["ratio_rmkit_over_best_pipeline"]
     lines.append(f"| **rmkit / best pipeline** | | **{ratio:.2f}x** | |")
     if "ceiling_pairs_per_s" in payload:
-        lines.append(f"| fp32 matmul peak, all FLOPs useful (ceiling) | | {payload['ceiling_pairs_per_s']:.1f} | 100% |")
+        lines.append(f"| {payload.get('precision', 'fp32')} matmul peak, all FLOPs useful (ceiling) | | "
+                     f"{payload['ceiling_pairs_per_s']:.1f} | 100% |")
     return "\n".join(lines)
 
 
@@ -139,19 +148,22 @@ def main(argv: list[str] | None = None) -> int:
         data_file = Path(tempfile.gettempdir()) / "rmkit-score-bench.jsonl"
         data_file.write_text("".join(args.data.read_text().splitlines(keepends=True)[: args.pairs]))
     texts = [r.prompt + response for r in records for response in (r.chosen, r.rejected)]
-    scorer = load_scorer(model_dir, dtype="float32", precision="float32", max_length=args.max_length)
+    bf16 = args.precision == "bf16"
+    scorer = load_scorer(model_dir, device=args.device, dtype="float32", precision="bfloat16" if bf16 else "float32",
+                         max_length=args.max_length)
     model, tokenizer = scorer.model, scorer.tokenizer  # the pipeline runs the very same model object
-    pipe = pipeline("text-classification", model=model, tokenizer=tokenizer, device="cpu")
+    pipe = pipeline("text-classification", model=model, tokenizer=tokenizer, device=args.device)
 
     # Warm up both paths (first-call allocations, kernel selection) outside the timings.
     rmkit_scores(scorer, records[:4])
-    pipeline_scores(pipe, texts[:8], 1, args.max_length)
+    pipeline_scores(pipe, texts[:8], 1, args.max_length, bf16)
 
     # Model FLOPs of the workload: 2 x non-embedding parameters per token scored (the inference core's encoding).
     tokenized = scorer.encode_pairs(records).pairs
     tokens = sum(len(p.chosen_ids) + len(p.rejected_ids) for p in tokenized)
     flops = 2 * common.non_embedding_params(model) * tokens
-    peak = common.matmul_peak_flops(torch.float32, args.threads)
+    on_gpu = {"size": 8192, "device": "cuda"} if args.device == "cuda" else {}
+    peak = common.matmul_peak_flops(torch.bfloat16 if bf16 else torch.float32, args.threads, **on_gpu)
 
     def measured(seconds: float) -> dict:
         return {"seconds": seconds, "pairs_per_s": len(records) / seconds, "mfu": flops / seconds / peak}
@@ -165,10 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     max_diff = 0.0
     for batch_size in args.batch_sizes:
         seconds, scores = timed(
-            lambda b=batch_size: pipeline_scores(pipe, texts, b, args.max_length), args.repeats
+            lambda b=batch_size: pipeline_scores(pipe, texts, b, args.max_length, bf16), args.repeats
         )
         results[f"pipeline_bs{batch_size}"] = measured(seconds)
-        max_diff = max(max_diff, (scores - rewards)[fits].abs().max().item())
+        max_diff = max(max_diff, (scores - rewards.cpu())[fits].abs().max().item())
     best = max((v for k, v in results.items() if k.startswith("pipeline")), key=lambda v: v["pairs_per_s"])
     results["ratio_rmkit_over_best_pipeline"] = results["rmkit"]["pairs_per_s"] / best["pairs_per_s"]
     if args.cli:
@@ -182,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         "data": str(args.data),
         "pairs": len(records),
         "threads": args.threads,
+        **({"device": args.device, "precision": args.precision} if args.device != "cpu" or bf16 else {}),
         "max_abs_reward_difference_vs_pipeline": max_diff,
         "tokens": tokens,
         "model_flops": flops,

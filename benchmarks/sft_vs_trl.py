@@ -11,7 +11,13 @@ Train time runs from the first training-mode forward of the input embeddings to 
 step (loading, tokenization and saving excluded), measured by the same global hooks in both trainers;
 tokens/s = the real (non-padding) tokens of the epoch / train time.
 
+`--device cuda` runs both trainers on the GPU and records each run's peak GPU memory; the clocks synchronize CUDA
+before reading the time. `--precision bf16` is bf16 autocast over float32 weights on both sides (TRL `bf16=True`,
+rmkit `policy.precision=bfloat16`). `--warmup-epochs N` trains N untimed epochs first; the clock then starts at
+the end of their last optimizer step, and tokens/s is the last epoch's tokens over its seconds.
+
     python benchmarks/sft_vs_trl.py --sequences 48 --repeats 1
+    python benchmarks/sft_vs_trl.py --device cuda --precision bf16 --warmup-epochs 1 --threads 8 --sequences 128
 """
 
 from __future__ import annotations
@@ -32,16 +38,29 @@ from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E40
 from benchmarks import common  # noqa: E402
 
 MAX_LENGTH, GLOBAL, MICRO, LR, THREADS = 256, 8, 4, 1e-5, 2
+PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
 TIMES: dict[str, float] = {}
 
 
-def install_timers(model: torch.nn.Module) -> None:
+def install_timers(model: torch.nn.Module, warmup_steps: int = 0) -> None:
+    """`start`: the first training forward, or with `warmup_steps` the end of that many optimizer steps; `end`:
+    the last optimizer step. Each reading waits for queued CUDA work."""
+    steps = [0]
+
     def first_forward(module, args):
-        if module.training and "start" not in TIMES:
-            TIMES["start"] = time.perf_counter()
+        if module.training and "start" not in TIMES and not warmup_steps:
+            TIMES["start"] = common.synchronized_time()
+
+    def step_end(optimizer, *_):
+        if not type(optimizer).__module__.startswith("torch."):  # a wrapper (accelerate's) forwarding to torch's
+            return
+        TIMES["end"] = common.synchronized_time()
+        steps[0] += 1
+        if steps[0] == warmup_steps:
+            TIMES["start"] = TIMES["end"]
 
     model.get_input_embeddings().register_forward_pre_hook(first_forward)
-    register_optimizer_step_post_hook(lambda *_: TIMES.__setitem__("end", time.perf_counter()))
+    register_optimizer_step_post_hook(step_end)
 
 
 def train_trl(spec: dict) -> None:
@@ -49,16 +68,17 @@ def train_trl(spec: dict) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)  # master weights
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
-    install_timers(model)
+    install_timers(model, spec["warmup_steps"])
     rows = json.loads(Path(spec["data"]).read_text())
     dataset = Dataset.from_list([{"input_ids": r["input_ids"], "assistant_masks": r["token_mask"]} for r in rows])
     args = SFTConfig(output_dir=spec["out"], per_device_train_batch_size=MICRO, gradient_accumulation_steps=GLOBAL // MICRO,
                      learning_rate=LR, weight_decay=0.01, lr_scheduler_type="constant", max_grad_norm=1.0,
-                     num_train_epochs=1, max_length=MAX_LENGTH, gradient_checkpointing=False, save_strategy="no",
-                     eval_strategy="no", report_to=[], logging_steps=1000, seed=42, use_cpu=True,
-                     dataloader_num_workers=0, disable_tqdm=True)
+                     num_train_epochs=spec["epochs"], max_length=MAX_LENGTH, gradient_checkpointing=False,
+                     save_strategy="no", eval_strategy="no", report_to=[], logging_steps=1000, seed=42,
+                     use_cpu=spec["device"] == "cpu", bf16=spec["precision"] == "bf16", dataloader_num_workers=0,
+                     disable_tqdm=True)
     SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer).train()
 
 
@@ -71,7 +91,7 @@ def train_rmkit(spec: dict) -> None:
 
     def load_timed_policy(policy, device):
         model, tokenizer = original(policy, device)
-        install_timers(model)
+        install_timers(model, spec["warmup_steps"])
         return model, tokenizer
 
     sft.load_training_policy = load_timed_policy
@@ -79,7 +99,8 @@ def train_rmkit(spec: dict) -> None:
                  f"checkpointing.checkpoint_dir={spec['out']}", "checkpointing.enabled=false",
                  f"policy.train_global_batch_size={GLOBAL}", f"policy.train_micro_batch_size={MICRO}",
                  f"policy.max_total_sequence_length={MAX_LENGTH}", f"policy.optimizer.lr={LR}",
-                 "policy.scheduler.name=constant", "policy.scheduler.warmup_steps=0", f"policy.num_threads={THREADS}",
+                 "policy.scheduler.name=constant", "policy.scheduler.warmup_steps=0", f"policy.num_threads={spec['threads']}",
+                 f"policy.precision={PRECISIONS[spec['precision']]}", f"sft.max_num_epochs={spec['epochs']}",
                  "logger.progress_bar=false", "logger.tensorboard=false", "logger.plots=false",
                  f"sft.sequence_packing={spec['packing']}"]
     sft.train(load_config(None, overrides, tree_type=SFTTree))
@@ -87,10 +108,12 @@ def train_rmkit(spec: dict) -> None:
 
 def worker(spec_path: Path) -> None:
     spec = json.loads(spec_path.read_text())
-    torch.set_num_threads(THREADS)
+    torch.set_num_threads(spec["threads"])
     torch.manual_seed(42)
     (train_trl if spec["side"] == "trl" else train_rmkit)(spec)
     result = {"train_s": TIMES["end"] - TIMES["start"], "peak_rss_mib": common.peak_rss_mib()}
+    if spec["device"] == "cuda":
+        result["peak_gpu_mib"] = common.peak_gpu_mib()
     Path(spec["result"]).write_text(json.dumps(result))
 
 
@@ -111,11 +134,15 @@ def prepare(work: Path, sequences: int, policy: str, data_dir: Path) -> dict:
             "sequences": len(demos)}
 
 
-def run(side: str, data: dict, work: Path, repeat: int, packing: bool) -> dict:
+def run(side: str, data: dict, work: Path, repeat: int, packing: bool, settings: dict) -> dict:
+    """One run in a fresh subprocess; `settings`: threads, device, precision, warmup_epochs."""
     name = f"{side}{'-packed' if packing else ''}-{repeat}"
-    spec = {**data, "side": side, "packing": packing, "out": str(work / name), "result": str(work / f"{name}.json")}
+    spec = {**data, "side": side, "packing": packing, "out": str(work / name), "result": str(work / f"{name}.json"),
+            "threads": settings["threads"], "device": settings["device"], "precision": settings["precision"],
+            "epochs": settings["warmup_epochs"] + 1, "warmup_steps": settings["warmup_epochs"] * data["sequences"] // GLOBAL}
     (work / f"{name}.spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": str(THREADS), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "OMP_NUM_THREADS": str(settings["threads"]),
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1]), **common.device_env(settings["device"])}
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, __file__, "worker", str(work / f"{name}.spec.json")], env=env,
                           capture_output=True, text=True)
@@ -135,19 +162,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sequences", type=int, default=48)
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR, help="holds hh_harmless_train.jsonl")
     parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--threads", type=int, default=THREADS)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both trainers run")
+    parser.add_argument("--precision", choices=sorted(PRECISIONS), default="fp32", help="bf16: autocast, both sides")
+    parser.add_argument("--warmup-epochs", type=int, default=0, help="untimed epochs before the timed one")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rmkit_sft_vs_trl"))
     parser.add_argument("--output", type=Path, default=Path("benchmarks/results/sft_vs_trl.json"))
     args = parser.parse_args(argv)
+    if args.warmup_epochs and args.sequences % GLOBAL:
+        parser.error(f"--warmup-epochs needs --sequences to be a multiple of the global batch {GLOBAL}")
     args.work_dir.mkdir(parents=True, exist_ok=True)
     data = prepare(args.work_dir, args.sequences, args.policy, args.data_dir)
     runs = []
     for repeat in range(args.repeats):
         order = [("trl", False), ("rmkit", False), ("rmkit", True)]
         for side, packing in order if repeat % 2 == 0 else order[::-1]:
-            runs.append(run(side, data, args.work_dir, repeat, packing))
+            runs.append(run(side, data, args.work_dir, repeat, packing, vars(args)))
             print(json.dumps(runs[-1]), file=sys.stderr)
+    extra = {"device": args.device, "warmup_epochs": args.warmup_epochs} if args.device != "cpu" or args.warmup_epochs else {}
     payload = {"machine": common.machine_info(), "settings": {"max_length": MAX_LENGTH, "global_batch": GLOBAL,
-               "micro_batch": MICRO, "lr": LR, "threads": THREADS, "precision": "float32"},
+               "micro_batch": MICRO, "lr": LR, "threads": args.threads, "precision": PRECISIONS[args.precision],
+               **extra},
                "data": {k: data[k] for k in ("sequences", "tokens", "trained_tokens")}, "runs": runs}
     common.write_json(args.output, payload)
     for r in runs:

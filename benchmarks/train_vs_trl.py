@@ -19,9 +19,15 @@ and repeats alternate which side goes first to cancel drift. For every run it re
 - MFU = 6 x non-embedding parameters x real tokens / train time, against the matmul peak measured in this
   run for that precision.
 
+`--device cuda` runs both trainers on the GPU (TRL without `use_cpu`; rmkit takes CUDA when it sees it) and adds
+each run's peak GPU memory (`torch.cuda.max_memory_allocated`); the clocks synchronize CUDA before they read
+the time. `--warmup-epochs N` trains N more epochs first and starts the clock at the end of their last optimizer
+step, so first-call costs (kernel selection, allocator growth) stay out of the timed epochs.
+
     python benchmarks/train_vs_trl.py                                  # MiniLM, all 1504 pairs, fp32 and bf16
     python benchmarks/train_vs_trl.py --pairs 256 --repeats 3 --precision fp32
     python benchmarks/train_vs_trl.py --workload smollm2               # SmolLM2-135M decoder, 32 pairs
+    python benchmarks/train_vs_trl.py --device cuda --pairs 512 --warmup-epochs 1 --threads 8
 """
 
 from __future__ import annotations
@@ -82,8 +88,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--warmup-ratio", type=float, default=0.05, help="warmup steps = ceil(ratio x steps)")
     parser.add_argument("--weight-decay", type=float, default=0.01)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both trainers run")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--epochs", type=int, default=1, help="passes over the training pairs, both sides")
+    parser.add_argument(
+        "--warmup-epochs", type=int, default=0, help="untimed passes before the timed --epochs, both sides"
+    )
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR)
     parser.add_argument("--train-file", type=Path, help="training pairs (default: DATA_DIR/hh_harmless_train.jsonl)")
     parser.add_argument("--eval-dir", type=Path, help="where --eval-files are (default: DATA_DIR)")
@@ -132,14 +142,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 class StepClock:
     """Times a training run from the outside through global hooks, identically for any trainer.
 
-    `start` is the first forward of a word-embedding table in training mode with grad enabled, `end` the
-    last optimizer step; `computed_tokens` counts every id (padding included) those forwards embedded.
+    `start` is the first forward of a word-embedding table in training mode with grad enabled (or, with
+    `warmup_steps`, the end of that many optimizer steps), `end` the last optimizer step; `computed_tokens`
+    counts every id (padding included) those forwards embedded. CUDA is synchronized before each reading.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, warmup_steps: int = 0) -> None:
         self.start: float | None = None
         self.end: float | None = None
         self.steps = 0
+        self.warmup_steps = warmup_steps
         self.computed_tokens = 0
         self._handles = [
             torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward),
@@ -151,14 +163,17 @@ class StepClock:
         if not isinstance(module, torch.nn.Embedding) or module.num_embeddings < 1024:
             return
         if module.training and torch.is_grad_enabled() and inputs and isinstance(inputs[0], torch.Tensor):
-            self.start = self.start or time.perf_counter()
+            if not self.warmup_steps:
+                self.start = self.start or common.synchronized_time()
             self.computed_tokens += inputs[0].numel()
 
     def _on_step(self, optimizer, args, kwargs) -> None:
         # Wrappers (accelerate's AcceleratedOptimizer) forward to a torch optimizer: count that one only.
         if type(optimizer).__module__.startswith("torch."):
             self.steps += 1
-            self.end = time.perf_counter()
+            self.end = common.synchronized_time()
+            if self.steps == self.warmup_steps:
+                self.start = self.end
 
     def close(self) -> dict:
         for handle in self._handles:
@@ -197,7 +212,7 @@ def train_trl(spec: dict) -> None:
         bf16=spec["precision"] == "bf16",
         # TRL defaults to gradient checkpointing; rmkit does not, so both run without it.
         gradient_checkpointing=False,
-        use_cpu=True,
+        use_cpu=spec["device"] == "cpu",
         seed=spec["seed"],
         report_to="none",
         save_strategy="no",
@@ -269,19 +284,23 @@ def worker(spec_path: Path) -> None:
     if spec["rmkit_src"]:  # another rmkit checkout (a before/after comparison) wins over this one
         sys.path.insert(0, spec["rmkit_src"])
     torch.set_num_threads(spec["threads"])
-    clock = StepClock()
+    clock = StepClock(spec["warmup_steps_untimed"])
     train = {"trl": train_trl, "rmkit": train_rmkit}[spec["side"]]
     if spec["profile"]:
         from torch.profiler import ProfilerActivity, profile
 
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        cuda = spec["device"] == "cuda"
+        with profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]) as prof:
             train(spec)
-        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=20)
+        table = prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
+                                          row_limit=20)
         Path(spec["result_path"]).with_name("profile.txt").write_text(table)
     else:
         train(spec)
     result = clock.close()
     result["peak_rss_mib"] = common.peak_rss_mib()
+    if spec["device"] == "cuda":
+        result["peak_gpu_mib"] = common.peak_gpu_mib()
     common.write_json(Path(spec["result_path"]), result)
 
 
@@ -319,18 +338,22 @@ def run_once(args, data: dict, side: str, precision: str, repeat: int) -> dict:
     out_dir = args.work_dir / f"{side}-{precision}-{repeat}"
     shutil.rmtree(out_dir, ignore_errors=True)
     out_dir.mkdir(parents=True)
+    steps_per_epoch = math.ceil(data["num_pairs"] / args.batch_size)
+    epochs = args.warmup_epochs + args.epochs
     spec = {
         "side": side,
         "precision": precision,
         "threads": args.threads,
+        "device": args.device,
         "seed": args.seed,
-        "epochs": args.epochs,
+        "epochs": epochs,
+        "warmup_steps_untimed": args.warmup_epochs * steps_per_epoch,
         "rmkit_overrides": args.rmkit_override,
         "batch_size": args.batch_size,
         "micro_batch_size": args.micro_batch_size,
         "lr": args.lr,
         "schedule": args.schedule,
-        "warmup_steps": math.ceil(args.warmup_ratio * args.epochs * math.ceil(data["num_pairs"] / args.batch_size)),
+        "warmup_steps": math.ceil(args.warmup_ratio * epochs * steps_per_epoch),
         "weight_decay": args.weight_decay,
         "max_length": args.max_length,
         "model_dir": data["model_dir"],
@@ -348,6 +371,7 @@ def run_once(args, data: dict, side: str, precision: str, repeat: int) -> dict:
         "PYTHONPATH": str(common.REPO_ROOT),
         "OMP_NUM_THREADS": str(args.threads),
         "TOKENIZERS_PARALLELISM": "false",
+        **common.device_env(args.device),
     }
     start = time.perf_counter()
     proc = subprocess.run(
@@ -371,7 +395,7 @@ def run_once(args, data: dict, side: str, precision: str, repeat: int) -> dict:
         wall_s=wall,
         pairs_per_s=args.epochs * data["num_pairs"] / train_s,
         real_tokens_per_s=args.epochs * data["real_tokens"] / train_s,
-        embedded_per_real=result["computed_tokens"] / data["real_tokens"],
+        embedded_per_real=result["computed_tokens"] / (epochs * data["real_tokens"]),
     )
     if repeat == 0:
         for name, pairs in data["val"].items():
@@ -391,6 +415,7 @@ def run_once(args, data: dict, side: str, precision: str, repeat: int) -> dict:
 def summarize(runs: list[dict], data: dict, peaks: dict) -> dict:
     """Medians per (precision, side), MFU, and the rmkit/TRL ratios."""
     keys = ("pairs_per_s", "real_tokens_per_s", "embedded_per_real", "peak_rss_mib", "train_s", "wall_s")
+    keys += ("peak_gpu_mib",) if all("peak_gpu_mib" in r for r in runs) else ()
     summary: dict = {}
     for precision in sorted({r["precision"] for r in runs}):
         row: dict = {}
@@ -450,7 +475,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     info = common.machine_info()
     data = prepare(args)
-    peaks = {p: common.matmul_peak_flops(DTYPES[p], args.threads) for p in args.precision}
+    on_gpu = {"size": 8192, "device": "cuda"} if args.device == "cuda" else {}
+    peaks = {p: common.matmul_peak_flops(DTYPES[p], args.threads, **on_gpu) for p in args.precision}
+    if on_gpu:
+        torch.cuda.empty_cache()  # the workers need the memory, not this process's cache
     print(
         f"{data['num_pairs']} pairs, {data['real_tokens']} real tokens; matmul peak "
         + ", ".join(f"{p} {v / 1e9:.0f} GFLOP/s" for p, v in peaks.items()),
@@ -479,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
             "weight_decay": args.weight_decay,
             "threads": args.threads,
             "non_embedding_params": data["non_embedding_params"],
+            **({"device": args.device, "warmup_epochs": args.warmup_epochs} if args.device != "cpu"
+               or args.warmup_epochs else {}),
         },
         "matmul_peak_flops": peaks,
         "summary": summarize(runs, data, peaks),
