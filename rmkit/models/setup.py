@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import PreTrainedModel
 
 from rmkit.errors import ConfigError
@@ -35,14 +36,27 @@ def resolve_model_name(name: str) -> str:
     return name
 
 
+# Attention kernels a bf16 forward on a GPU may use: all but cuDNN's. PyTorch prefers cuDNN's fused attention
+# for bf16 on Hopper, and it plans an execution graph for every new sequence shape: on an H200, configs/rm.yaml's
+# length-grouped batches (a new shape nearly every micro-batch) spent 125 ms of CPU per attention forward
+# planning it, 756 ms a step against 21 ms in float32 (benchmarks/rm_profile.py, BENCHMARKS.md). Flash and
+# memory-efficient attention take any shape as it comes.
+_GPU_BF16_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager:
     """bf16 autocast for `precision == "bfloat16"` (CPU and CUDA); a no-op for float32.
 
-    Weights, gradients and optimizer state stay float32 (master weights); matmuls run in bf16.
+    Weights, gradients and optimizer state stay float32 (master weights); matmuls run in bf16. On a GPU the
+    forward's attention avoids cuDNN's kernel (`_GPU_BF16_ATTENTION`); the backward follows the forward's.
     """
     if precision != "bfloat16":
         return contextlib.nullcontext()
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.autocast(device_type=device.type, dtype=torch.bfloat16))
+    if device.type == "cuda":
+        stack.enter_context(sdpa_kernel(_GPU_BF16_ATTENTION))
+    return stack
 
 
 def is_causal_lm(model: PreTrainedModel) -> bool:

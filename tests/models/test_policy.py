@@ -41,3 +41,21 @@ def test_lora_policy_exports_merged_and_reloads_with_the_same_logits(tiny_policy
     assert (out / "rmkit_config.yaml").is_file() and not (out / "scoring_contract.json").exists()
     with torch.no_grad():
         torch.testing.assert_close(loaded(input_ids=ids).logits, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_autocast_on_a_gpu_keeps_attention_off_cudnn():
+    """cuDNN's fused attention plans a graph per new shape (756 ms a step on an H200, BENCHMARKS.md); a bf16
+    forward on a GPU allows every other kernel, and the flags come back as they were."""
+    import warnings
+
+    from rmkit.models.setup import autocast
+
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # autocast on a machine without CUDA warns and does nothing
+        with autocast("bfloat16", torch.device("cuda")):
+            assert not torch.backends.cuda.cudnn_sdp_enabled()
+            assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    with autocast("bfloat16", torch.device("cpu")):
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
