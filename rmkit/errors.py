@@ -32,6 +32,18 @@ class ConfigError(UserError):
         super().__init__(f"config key '{key}': {message}")
 
 
-class TrainingDiverged(RuntimeError):
-    """The training loss, or the policy's logits while it samples, became NaN or infinite; the step that met
-    it was not applied. Every recipe raises it; the CLI reports it without a traceback, exit status 1."""
+class RunStopped(RuntimeError):
+    """A training run stopped before its end with nothing applied from the step that met the fault; the CLI
+    reports `<outcome>: <message>` without a traceback, exit status 1, and the last checkpoint stays good."""
+
+    outcome = "stopped"
+
+
+class TrainingDiverged(RunStopped):
+    """The training loss, or the policy's logits while it samples, became NaN or infinite (every recipe)."""
+
+    outcome = "training failed"
+
+
+class RolloutFailed(RunStopped):
+    """A rollout could not be scored: the reward server failed, or a reward was NaN (GRPO)."""

@@ -1,7 +1,8 @@
-"""`rmkit` command line: one entry point, one module per subcommand.
+"""`rmkit` command line: one entry point; the training recipes are one table (`rmkit.cli.recipes`), every
+other subcommand a module of its own.
 
-Each subcommand module exposes `main(argv: list[str]) -> int` with its own argparse parser; modules are
-imported only when their subcommand runs, so `rmkit data check` does not pay for the training stack.
+A tool module exposes `main(argv: list[str]) -> int` with its own argparse parser; modules are imported only
+when their subcommand runs, so `rmkit data check` does not pay for the training stack.
 """
 
 from __future__ import annotations
@@ -12,15 +13,15 @@ import sys
 from rmkit.errors import UserError
 
 SUBCOMMANDS = {
-    "train": ("rmkit.cli.train", "train a reward model from a YAML config"),
-    "dpo": ("rmkit.cli.dpo", "train a policy on preference pairs with DPO"),
-    "sft": ("rmkit.cli.sft", "fine-tune a policy on demonstrations (supervised fine-tuning)"),
+    "train": ("rmkit.cli.recipes", "train a reward model from a YAML config"),
+    "dpo": ("rmkit.cli.recipes", "train a policy on preference pairs with DPO"),
+    "sft": ("rmkit.cli.recipes", "fine-tune a policy on demonstrations (supervised fine-tuning)"),
     "eval": ("rmkit.cli.eval", "validation metrics of a model on a preference file; --report: a RewardBench-style report"),
     "score": ("rmkit.cli.score", "write each record of a file back with its reward(s)"),
     "serve": ("rmkit.cli.serve", "HTTP scoring server for RL trainers"),
     "data": ("rmkit.cli.data", "check and inspect preference data files"),
     "parity": ("rmkit.cli.parity", "score a file through every path and report the largest reward difference"),
-    "grpo": ("rmkit.cli.grpo", "optimize a policy against a reward model with GRPO (configs/grpo_rm.yaml)"),
+    "grpo": ("rmkit.cli.recipes", "optimize a policy against a reward model with GRPO (configs/grpo_rm.yaml)"),
 }
 
 USAGE = "usage: rmkit {" + ",".join(SUBCOMMANDS) + "} ...\n\n" + "\n".join(
@@ -39,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = importlib.import_module(SUBCOMMANDS[name][0])
     try:
-        return module.main(rest)
+        return module.main(name, rest) if module.__name__ == "rmkit.cli.recipes" else module.main(rest)
     except UserError as err:
         print(f"rmkit {name}: error: {err}", file=sys.stderr)
         return 2

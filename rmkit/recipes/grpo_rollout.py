@@ -20,17 +20,13 @@ from rmkit import distributed as dist
 from rmkit.data import write_rejects
 from rmkit.data.prompts import load_prompts
 from rmkit.data.tokenize import as_messages, render_prompt
-from rmkit.errors import ConfigError, DataError
+from rmkit.errors import ConfigError, DataError, RolloutFailed
 from rmkit.generation import SamplingParams, generate_completions
 from rmkit.losses.advantages import clip_advantages, grpo_group_advantages, reinforce_plus_plus_advantages
 from rmkit.losses.logprobs import next_token_logprobs
 from rmkit.models.setup import autocast, resolve_model_name
 from rmkit.models.shared_prefix import Group, shared_prefix_logits
 from rmkit.trainer.run_data import resolve_data_path
-
-
-class RolloutFailed(RuntimeError):
-    """A rollout could not be scored (the reward server failed, or a reward was NaN); nothing was applied."""
 
 
 @dataclass

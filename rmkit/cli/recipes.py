@@ -1,0 +1,133 @@
+"""The training commands, one table: `rmkit {train,sft,dpo,grpo} --config CONFIG.yaml [--resume]
+[section.key=value ...]`.
+
+Each recipe is a row: its config tree and `train` function (imported only once the config is valid, so a bad
+key costs no torch start-up), its help text, what its throughput counts and what to do with what it saved.
+A run that stops (`rmkit.errors.RunStopped`: a diverged loss, a failed rollout) is one line and exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from dataclasses import dataclass
+
+from rmkit.config import load_config
+
+_REWARD_MODEL_USE = """
+Use it:
+  rmkit eval  --model {d} --data FILE.jsonl
+  rmkit score --model {d} --input FILE.jsonl --output scored.jsonl
+  rmkit serve --model {d}
+  python -c "from transformers import AutoModelForSequenceClassification as M, AutoTokenizer as T; \\
+m = M.from_pretrained('{d}'); t = T.from_pretrained('{d}'); \\
+print(m(**t('Question? Answer.', return_tensors='pt')).logits)"
+"""
+_POLICY_USE = """
+Use it:
+  python -c "from transformers import AutoModelForCausalLM as M, AutoTokenizer as T; \\
+m = M.from_pretrained('{d}'); t = T.from_pretrained('{d}'); \\
+print(t.decode(m.generate(**t.apply_chat_template([{{'role': 'user', 'content': 'Hi'}}], add_generation_prompt=True, \\
+return_tensors='pt', return_dict=True), max_new_tokens=32)[0]))"
+"""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One training command."""
+
+    tree: str
+    """`module:Class` of the config tree."""
+    train: str
+    """`module:function` that runs it and returns a `RunResult`."""
+    description: str
+    config_help: str
+    rate: str | None
+    """The `RunResult.rates` key to report first (None: the recipe reports no rate)."""
+    shown: tuple[str, ...]
+    """Endings of the validation metrics printed at the end."""
+    saved: str
+    """What `final/` holds, in words."""
+    use: str
+    """How to use it, with `{d}` for the folder."""
+
+
+RECIPES = {
+    "train": Recipe(
+        "rmkit.config:Config", "rmkit.recipes.rm:train",
+        "Train a reward model. Overrides use dotted keys, e.g. policy.optimizer.lr=1e-5 rm.max_num_steps=100 "
+        "data.val_data_paths.hh=../shared/data/hh_harmless_val.jsonl",
+        "YAML config (default: all defaults = configs/default.yaml's run)",
+        "pairs/s", ("/acc", "/loss"), "Reward model", _REWARD_MODEL_USE),
+    "sft": Recipe(
+        "rmkit.recipes.sft_config:SFTTree", "rmkit.recipes.sft:train",
+        "Fine-tune a policy (any causal LM) on demonstrations: chat `messages`, prompt/response records or the "
+        "chosen side of preference data. Overrides use dotted keys, e.g. policy.optimizer.lr=1e-5 "
+        "sft.max_num_steps=100 data.train_data_path=demos.jsonl",
+        "YAML config (default: all defaults, SmolLM2 on rmkit's small preference set)",
+        "sequences/s", ("/loss", "/token_acc"), "Policy", _POLICY_USE),
+    "dpo": Recipe(
+        "rmkit.recipes.dpo_config:DPOTree", "rmkit.recipes.dpo:train",
+        "Train a policy (causal LM) on preference pairs with DPO. Overrides use dotted keys, e.g. "
+        "dpo.max_num_steps=20 dpo.reference_policy_kl_penalty=0.1 policy.optimizer.lr=1e-6",
+        "YAML config (default: all defaults; see configs/dpo.yaml)",
+        "pairs/s", ("/loss", "/accuracy"), "Policy", _POLICY_USE),
+    "grpo": Recipe(
+        "rmkit.recipes.grpo_config:GRPOConfig", "rmkit.recipes.grpo:train",
+        "GRPO: optimize a policy (causal LM) against a reward model (in process or a running rmkit serve). "
+        "Overrides use dotted keys, e.g. grpo.max_num_steps=20 env.reward_model.model_name=results/rm/final "
+        "policy.generation.max_new_tokens=32",
+        "YAML config (e.g. configs/grpo_rm.yaml; default: all defaults)",
+        None, ("/reward_mean", "/reward_std", "/mean_gen_tokens_per_sample"), "Policy", _POLICY_USE),
+}
+
+
+def build_parser(name: str) -> argparse.ArgumentParser:
+    """`rmkit <name>`'s command line: `--config`, `--resume` and the dotted overrides."""
+    recipe = RECIPES[name]
+    parser = argparse.ArgumentParser(prog=f"rmkit {name}", description=recipe.description)
+    parser.add_argument("--config", help=recipe.config_help)
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the newest valid checkpoint in checkpointing.checkpoint_dir "
+                             "(= checkpointing.resume=auto)")
+    parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
+    return parser
+
+
+def main(name: str, argv: list[str]) -> int:
+    """Run the recipe `name` with the command line `argv`; rank 0 reports what it saved."""
+    recipe = RECIPES[name]
+    args = build_parser(name).parse_args(argv)
+    cfg = load_config(args.config, args.overrides + (["checkpointing.resume=auto"] if args.resume else []),
+                      tree_type=_load(recipe.tree))
+    from rmkit.errors import RunStopped
+
+    try:
+        result = _load(recipe.train)(cfg)
+    except RunStopped as err:
+        print(f"rmkit {name}: {err.outcome}: {err}", file=sys.stderr)
+        return 1
+    from rmkit import distributed as dist
+
+    if not dist.is_main():  # under torchrun, rank 0 reports
+        return 0
+    if recipe.rate:
+        print(f"rmkit: trained {result.steps} steps at {result.rates[recipe.rate]:.2f} {recipe.rate}, "
+              f"{result.rates['tokens/s']:.0f} tokens/s (training only; validation and one-off passes excluded)",
+              file=sys.stderr)
+    shown = {k: v for k, v in result.val_metrics.items() if k.endswith(recipe.shown)}
+    if shown:
+        print("rmkit: final validation: " + ", ".join(f"{k} {v:.4f}" for k, v in shown.items()), file=sys.stderr)
+    d = result.final_dir
+    print(f"\n{recipe.saved} saved to {d} ({result.steps} steps)\n"
+          f"  logs and metrics: {result.log_dir}/metrics.jsonl (tensorboard --logdir {result.log_dir})\n"
+          + (f"  sample generations: {result.log_dir}/samples.jsonl\n" if recipe.saved == "Policy" else "")
+          + f"  plots:            {', '.join(str(p) for p in result.plots) or '(none)'}\n"
+          + recipe.use.format(d=d))
+    return 0
+
+
+def _load(dotted: str):
+    module, name = dotted.split(":")
+    return getattr(importlib.import_module(module), name)
