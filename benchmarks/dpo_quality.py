@@ -129,8 +129,9 @@ def paired_difference(a: list[bool], b: list[bool]) -> dict:
 
 def greedy_answer_rewards(args, model_dir: Path, prompts: list, reward_model) -> dict:
     """The policy's greedy answers to `prompts` and the reward model's score of each conversation."""
+    from rmkit.config import SamplingParams
     from rmkit.data.tokenize import render_prompt
-    from rmkit.generation import SamplingParams, generate_completions
+    from rmkit.generation import generate_completions
     from rmkit.models.policy import load_policy_model
 
     model, tokenizer = load_policy_model(str(model_dir))

@@ -15,7 +15,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
@@ -25,35 +25,50 @@ Precision = Literal["float32", "bfloat16"]
 
 
 @dataclass
-class RMConfig:
-    """The loop (`rm.*`)."""
+class LoopConfig:
+    """The loop keys every recipe has, in its own section (`rm.*`, `sft.*`, `dpo.*`, `grpo.*`); a recipe's
+    loop section extends this one with its own keys and sets its defaults as default values."""
+
+    section: ClassVar[str] = "loop"
 
     max_num_epochs: int = 1
     """Passes over the training data; the run stops at whichever of this and `max_num_steps` comes first."""
     max_num_steps: int | None = None
     """Optimizer steps (one global batch each); None: no limit beyond the epochs."""
     val_period: int = 50
-    """Validate every this many optimizer steps (0: only at start/end)."""
-    val_batches: int | None = None
-    """Validate on at most this many batches of `val_global_batch_size` pairs per set; None: all."""
-    val_global_batch_size: int = 32
-    """Pairs per validation batch (validation batches are length-sorted and token-budgeted)."""
+    """Validate every this many steps (0: only at start/end)."""
     val_at_start: bool = True
     """Validate before the first step (the untrained baseline)."""
     val_at_end: bool = True
-    """Validate after the last step (its rewards give `reward_stats.json` and the histograms)."""
+    """Validate after the last step."""
     seed: int = 42
     """Seeds torch, Python and the batch sampler."""
     log_period: int = 10
     """Write training metrics every this many steps (the progress bar updates every step)."""
 
     def __post_init__(self):
-        _check(self.max_num_epochs >= 1, "rm.max_num_epochs", "must be >= 1")
-        _check(self.max_num_steps is None or self.max_num_steps >= 1, "rm.max_num_steps", "must be >= 1")
-        _check(self.val_period >= 0, "rm.val_period", "must be >= 0")
+        _check(self.max_num_epochs >= 1, f"{self.section}.max_num_epochs", "must be >= 1")
+        _check(self.max_num_steps is None or self.max_num_steps >= 1, f"{self.section}.max_num_steps",
+               "must be >= 1 or null")
+        _check(self.val_period >= 0, f"{self.section}.val_period", "must be >= 0")
+        _check(self.log_period >= 1, f"{self.section}.log_period", "must be >= 1")
+
+
+@dataclass
+class RMConfig(LoopConfig):
+    """The reward-model loop (`rm.*`)."""
+
+    section: ClassVar[str] = "rm"
+
+    val_batches: int | None = None
+    """Validate on at most this many batches of `val_global_batch_size` pairs per set; None: all."""
+    val_global_batch_size: int = 32
+    """Pairs per validation batch (validation batches are length-sorted and token-budgeted)."""
+
+    def __post_init__(self):
+        super().__post_init__()
         _check(self.val_batches is None or self.val_batches >= 1, "rm.val_batches", "must be >= 1 or null")
         _check(self.val_global_batch_size >= 1, "rm.val_global_batch_size", "must be >= 1")
-        _check(self.log_period >= 1, "rm.log_period", "must be >= 1")
 
 
 @dataclass
@@ -190,8 +205,6 @@ class PolicyConfig:
     """Tokens per sequence (prompt + response); longer ones follow `data.overlong`."""
     precision: Precision = "float32"
     """`bfloat16`: bf16 autocast on CPU and GPU with float32 master weights and optimizer state."""
-    reward_model_cfg: RewardModelConfig = field(default_factory=RewardModelConfig)
-    """Reward model type and size."""
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     """AdamW settings."""
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
@@ -230,6 +243,40 @@ class PolicyConfig:
                    "policy.dtensor_cfg.param_dtype", "bfloat16 needs policy.precision: bfloat16")
             _check(not self.compile, "policy.compile",
                    "torch.compile with policy.dtensor_cfg.enabled: not implemented yet; set policy.compile=false")
+
+
+@dataclass
+class RMPolicyConfig(PolicyConfig):
+    """`policy.*` of a reward model: the shared policy section plus the reward head."""
+
+    reward_model_cfg: RewardModelConfig = field(default_factory=RewardModelConfig)
+    """Reward model type and size."""
+
+
+@dataclass
+class SamplingParams:
+    """How completions are drawn: `policy.generation.*` (NeMo RL's names), and every greedy sample a
+    recipe writes (`temperature: 0`)."""
+
+    max_new_tokens: int = 128
+    """Tokens per completion at most; a completion that reaches it without EOS is truncated."""
+    temperature: float = 1.0
+    """Sampling temperature; 0: greedy. Training log-probs use the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling."""
+    top_k: int | None = None
+    """Top-k sampling; null: off."""
+    stop_strings: list[str] | None = None
+    """A completion also ends at the first of these strings (kept, with the token that completes it);
+    EOS always stops."""
+
+    def __post_init__(self):
+        _check(self.max_new_tokens >= 1, "policy.generation.max_new_tokens", "must be >= 1")
+        _check(self.temperature >= 0, "policy.generation.temperature", "must be >= 0 (0: greedy)")
+        _check(0 < self.top_p <= 1, "policy.generation.top_p", "must be in (0, 1]")
+        _check(self.top_k is None or self.top_k >= 1, "policy.generation.top_k", "must be >= 1 or null")
+        _check(not self.stop_strings or all(self.stop_strings), "policy.generation.stop_strings",
+               "must be non-empty strings")
 
 
 @dataclass
@@ -360,7 +407,7 @@ class Config:
     """The whole training config."""
 
     rm: RMConfig = field(default_factory=RMConfig)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    policy: RMPolicyConfig = field(default_factory=RMPolicyConfig)
     data: DataConfig = field(default_factory=DataConfig)
     checkpointing: CheckpointingConfig = field(default_factory=CheckpointingConfig)
     logger: LoggerConfig = field(default_factory=LoggerConfig)
@@ -423,7 +470,11 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     return value
 
 
-def _build(cls: type, values: dict, prefix: str = "") -> Any:
+def _build(cls: type, values: dict, prefix: str = "", base: Any = None) -> Any:
+    """`values` (YAML) laid over `base` (default: `cls()`): a key not given keeps the base's value, so a
+    recipe's tree states its defaults as default values (`field(default_factory=...)`) and a YAML file only
+    what it changes. Nested sections merge the same way; checks run on the result."""
+    base = cls() if base is None else base
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
@@ -431,8 +482,12 @@ def _build(cls: type, values: dict, prefix: str = "") -> Any:
         key = f"{prefix}.{name}" if prefix else str(name)
         if name not in names:
             raise ConfigError(key, f"unknown key (known: {', '.join(sorted(names))})")
-        kwargs[name] = _convert(value, hints[name], key)
-    return cls(**kwargs)
+        current = getattr(base, name)
+        if dataclasses.is_dataclass(hints[name]) and isinstance(value, dict):
+            kwargs[name] = _build(type(current), value, key, current)
+        else:
+            kwargs[name] = _convert(value, hints[name], key)
+    return dataclasses.replace(base, **kwargs)
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:

@@ -22,21 +22,9 @@ from typing import Any
 
 import torch
 
+from rmkit.config import SamplingParams
 from rmkit.distributed import is_sharded
 from rmkit.errors import TrainingDiverged
-
-
-@dataclass
-class SamplingParams:
-    """How completions are drawn (NeMo RL's `policy.generation.*` names)."""
-
-    max_new_tokens: int = 128
-    temperature: float = 1.0
-    """0 = greedy."""
-    top_p: float = 1.0
-    top_k: int | None = None
-    stop_strings: list[str] | None = None
-    """A completion also ends at the first of these strings (kept, with the token that completes it)."""
 
 
 @dataclass

@@ -1,72 +1,42 @@
-"""Alignment losses with NeMo RL's LossFunction protocol; see `rmkit.losses.protocol`."""
+"""Alignment losses with NeMo RL's LossFunction protocol; see `rmkit.losses.protocol`.
 
-from rmkit.data.records import MISSING_LABEL
-from rmkit.losses.advantages import (
-    clip_advantages,
-    consecutive_groups,
-    gdpo_advantages,
-    group_baseline_and_std,
-    grpo_group_advantages,
-    kl_in_reward,
-    raw_reward_advantages,
-    reinforce_plus_plus_advantages,
-    response_mask,
-)
-from rmkit.losses.distillation import DistillationLossConfig, DistillationLossFn
-from rmkit.losses.dpo import DPOLossConfig, DPOLossFn
-from rmkit.losses.kl import calculate_kl
-from rmkit.losses.logprobs import aligned_logprobs, next_token_logprobs
-from rmkit.losses.masking import masked_mean, valid_counts
-from rmkit.losses.nll import NLLLoss
-from rmkit.losses.packing import SequencePackingLossWrapper
-from rmkit.losses.policy_gradient import KL_ESTIMATORS, ClippedPGLossConfig, ClippedPGLossFn
-from rmkit.losses.preference import PreferenceLoss, split_pairs
-from rmkit.losses.protocol import LossFunction, reduce_metrics
-from rmkit.losses.regression import RegressionLoss, regression_label_mask
-from rmkit.losses.value import (
-    MseValueLossConfig,
-    MseValueLossFn,
-    aligned_values,
-    gae_advantages,
-    token_level_rewards,
-    value_explained_variance,
-)
+The names below load with their module on first use (PEP 562), so `rmkit.losses.configs`, the losses' torch-free
+configs, can be imported by a config tree without importing torch.
+"""
 
-__all__ = [
-    "KL_ESTIMATORS",
-    "MISSING_LABEL",
-    "ClippedPGLossConfig",
-    "ClippedPGLossFn",
-    "DPOLossConfig",
-    "DPOLossFn",
-    "DistillationLossConfig",
-    "DistillationLossFn",
-    "LossFunction",
-    "MseValueLossConfig",
-    "MseValueLossFn",
-    "NLLLoss",
-    "PreferenceLoss",
-    "RegressionLoss",
-    "SequencePackingLossWrapper",
-    "aligned_logprobs",
-    "aligned_values",
-    "calculate_kl",
-    "clip_advantages",
-    "consecutive_groups",
-    "gae_advantages",
-    "gdpo_advantages",
-    "group_baseline_and_std",
-    "grpo_group_advantages",
-    "kl_in_reward",
-    "masked_mean",
-    "next_token_logprobs",
-    "raw_reward_advantages",
-    "reduce_metrics",
-    "regression_label_mask",
-    "reinforce_plus_plus_advantages",
-    "response_mask",
-    "split_pairs",
-    "token_level_rewards",
-    "valid_counts",
-    "value_explained_variance",
-]
+from __future__ import annotations
+
+import importlib
+
+_MODULES = {
+    "rmkit.data.records": ("MISSING_LABEL",),
+    "rmkit.losses.advantages": (
+        "clip_advantages", "consecutive_groups", "gdpo_advantages", "group_baseline_and_std",
+        "grpo_group_advantages", "kl_in_reward", "raw_reward_advantages", "reinforce_plus_plus_advantages",
+        "response_mask"
+    ),
+    "rmkit.losses.configs": ("ClippedPGLossConfig", "DPOLossConfig"),
+    "rmkit.losses.distillation": ("DistillationLossConfig", "DistillationLossFn"),
+    "rmkit.losses.dpo": ("DPOLossFn",),
+    "rmkit.losses.kl": ("calculate_kl", "KL_ESTIMATORS"),
+    "rmkit.losses.logprobs": ("aligned_logprobs", "next_token_logprobs"),
+    "rmkit.losses.masking": ("masked_mean", "valid_counts"),
+    "rmkit.losses.nll": ("NLLLoss",),
+    "rmkit.losses.packing": ("SequencePackingLossWrapper",),
+    "rmkit.losses.policy_gradient": ("ClippedPGLossFn",),
+    "rmkit.losses.preference": ("PreferenceLoss", "split_pairs"),
+    "rmkit.losses.protocol": ("LossFunction", "reduce_metrics"),
+    "rmkit.losses.regression": ("regression_label_mask", "RegressionLoss"),
+    "rmkit.losses.value": (
+        "aligned_values", "gae_advantages", "MseValueLossConfig", "MseValueLossFn", "token_level_rewards",
+        "value_explained_variance"
+    ),
+}
+_WHERE = {name: module for module, names in _MODULES.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name: str):
+    if name not in _WHERE:
+        raise AttributeError(f"module 'rmkit.losses' has no attribute {name!r}")
+    return getattr(importlib.import_module(_WHERE[name]), name)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import torch
 
-from rmkit.losses.policy_gradient import KL_ESTIMATORS
+from rmkit.losses.kl import KL_ESTIMATORS
 
 AllReduceSum = Callable[[torch.Tensor], torch.Tensor]
 

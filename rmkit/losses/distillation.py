@@ -11,7 +11,7 @@ from typing import Any, TypedDict
 
 import torch
 
-from rmkit.losses.dpo import check_config_keys
+from rmkit.losses.configs import check_config_keys
 from rmkit.losses.logprobs import DEFAULT_CHUNK_ELEMENTS, _chunk_scratch, _chunks, _view
 from rmkit.losses.masking import compute_dtype, masked_mean
 

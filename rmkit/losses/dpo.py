@@ -2,38 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any
 
 import torch
 
+from rmkit.losses.configs import DPOLossConfig, validate_dpo
 from rmkit.losses.logprobs import next_token_logprobs
 from rmkit.losses.masking import masked_mean
 from rmkit.losses.nll import loss_token_mask
 from rmkit.losses.preference import preference_terms, split_pairs
-
-
-class DPOLossConfig(TypedDict):
-    """Keys of `DPOLossFn`'s config (all required)."""
-
-    reference_policy_kl_penalty: float  # beta
-    preference_loss_weight: float
-    sft_loss_weight: float
-    preference_average_log_probs: bool  # implicit reward = token mean instead of sum
-    sft_average_log_probs: bool  # SFT term = per-sample token mean instead of sum
-
-
-def check_config_keys(cfg: dict, required: set[str], optional: set[str], name: str) -> None:
-    """Raise ValueError naming missing or unknown keys of a loss config dict."""
-    if not isinstance(cfg, dict):
-        raise ValueError(f"{name} must be a dict, got {type(cfg).__name__}")
-    missing = sorted(required - cfg.keys())
-    unknown = sorted(cfg.keys() - required - optional)
-    if missing:
-        raise ValueError(f"{name}: missing key(s) {', '.join(missing)}")
-    if unknown:
-        raise ValueError(
-            f"{name}: unknown key(s) {', '.join(unknown)}; allowed: {sorted(required | optional)}"
-        )
 
 
 class DPOLossFn:
@@ -54,16 +31,14 @@ class DPOLossFn:
     the backward writes the logits' gradient into the logits' storage (no new `[B, S, V]` buffer).
     """
 
-    def __init__(self, cfg: DPOLossConfig, inplace_backward: bool = False):
+    def __init__(self, cfg: dict | DPOLossConfig, inplace_backward: bool = False):
         self.inplace_backward = inplace_backward
-        check_config_keys(cfg, set(DPOLossConfig.__annotations__), set(), "DPOLossConfig")
+        cfg = validate_dpo(cfg)
         self.beta = float(cfg["reference_policy_kl_penalty"])
         self.preference_loss_weight = float(cfg["preference_loss_weight"])
         self.sft_loss_weight = float(cfg["sft_loss_weight"])
         self.preference_average_log_probs = bool(cfg["preference_average_log_probs"])
         self.sft_average_log_probs = bool(cfg["sft_average_log_probs"])
-        if self.preference_loss_weight < 0 or self.sft_loss_weight < 0:
-            raise ValueError("DPOLossConfig: preference_loss_weight and sft_loss_weight must be >= 0")
 
     def __call__(
         self,

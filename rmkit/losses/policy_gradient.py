@@ -9,70 +9,15 @@ KL estimators k1/k2/k3 http://joschu.net/blog/kl-approx.html (see `rmkit.losses.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any
 
 import torch
 
-from rmkit.losses.dpo import check_config_keys
+from rmkit.losses.configs import ClippedPGLossConfig, validate_clipped_pg
 from rmkit.losses.kl import KL_ESTIMATORS, calculate_kl
 from rmkit.losses.logprobs import next_token_logprobs
 from rmkit.losses.masking import masked_mean
 from rmkit.losses.nll import loss_token_mask
-
-
-class ClippedPGLossConfig(TypedDict, total=False):
-    """Keys of `ClippedPGLossFn`'s config (NeMo RL's names and defaults: every key is optional)."""
-
-    reference_policy_kl_penalty: float  # beta >= 0
-    ratio_clip_min: float  # eps_min: ratio clipped below at 1 - eps_min
-    ratio_clip_max: float  # eps_max: ratio clipped above at 1 + eps_max
-    use_on_policy_kl_approximation: bool  # weight the KL by exp(curr - gen)
-    use_importance_sampling_correction: bool  # weight the actor loss by exp(prev - gen)
-    token_level_loss: bool  # True: mean over the global tokens; False: per-sequence token mean
-    ratio_clip_c: float | None  # dual clip c > 1 (None: off). Default None
-    disable_ppo_ratio: bool  # REINFORCE / RLOO: actor loss -A * logp, no ratio. Default False
-    reference_policy_kl_type: str  # "k1", "k2" or "k3". Default "k3"
-    kl_input_clamp_value: float | None  # clamp of ref - curr before the estimator. Default 20
-    kl_output_clamp_value: float | None  # clamp of the weighted estimator. Default 10
-    # GSPO: one ratio per sequence, exp(token mean of curr - prev), and one importance weight,
-    # exp(sum of prev - gen); needs token_level_loss False. Default False
-    sequence_level_importance_ratios: bool
-    use_cispo: bool  # CISPO: actor loss -A * sg(clip(r)) * curr. Default False
-    # Truncated importance sampling of the actor weights (needs use_importance_sampling_correction):
-    # "tis" clamps them to [min, max] (min defaults to 0), "icepop" zeroes tokens outside [min, max],
-    # "seq-mask-tis" zeroes sequences whose geometric-mean weight is outside [min, max]. Default None
-    truncated_importance_sampling_type: str | None
-    truncated_importance_sampling_ratio: float | None  # max, > 0. Default None
-    truncated_importance_sampling_ratio_min: float | None  # min; needed by icepop, seq-mask-tis
-    force_on_policy_ratio: bool  # ratio = exp(curr - sg(curr)) = 1; prev_logprobs unread. Default False
-    use_kl_in_reward: bool  # the KL goes into the reward upstream: the loss uses beta = 0. Default False
-    # VAPO: + weight * NLL of the tokens of rows with data["rewards"] > 0 (their own mean). Default 0
-    positive_example_nll_weight: float
-
-
-DEFAULTS = {  # every key has NeMo RL's default (its ClippedPGLossConfig)
-    "reference_policy_kl_penalty": 0.01,
-    "ratio_clip_min": 0.2,
-    "ratio_clip_max": 0.2,
-    "use_on_policy_kl_approximation": False,
-    "use_importance_sampling_correction": False,
-    "token_level_loss": True,
-    "ratio_clip_c": None,
-    "disable_ppo_ratio": False,
-    "reference_policy_kl_type": "k3",
-    "kl_input_clamp_value": 20.0,
-    "kl_output_clamp_value": 10.0,
-    "sequence_level_importance_ratios": False,
-    "use_cispo": False,
-    "truncated_importance_sampling_type": None,
-    "truncated_importance_sampling_ratio": None,
-    "truncated_importance_sampling_ratio_min": None,
-    "force_on_policy_ratio": False,
-    "use_kl_in_reward": False,
-    "positive_example_nll_weight": 0.0,
-}
-TRUNCATED_IS_TYPES = ("tis", "icepop", "seq-mask-tis")
-NAME = "ClippedPGLossConfig"
 
 
 def _finite(x: torch.Tensor) -> torch.Tensor:
@@ -83,88 +28,6 @@ def _masked_input(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """`x[:, 1:]` in float32 with 0 where `mask` (`[B, S-1]`) is 0."""
     x = x[:, 1:].to(mask.dtype)
     return torch.where(mask > 0, x, torch.zeros_like(x))
-
-
-def _validate(cfg: dict) -> dict:
-    check_config_keys(cfg, set(), set(DEFAULTS), NAME)
-    cfg = {**DEFAULTS, **cfg}
-    if cfg["reference_policy_kl_penalty"] < 0:
-        raise ValueError(f"{NAME}: reference_policy_kl_penalty must be >= 0")
-    if not cfg["disable_ppo_ratio"]:
-        if not 0 <= cfg["ratio_clip_min"] <= 1 or cfg["ratio_clip_max"] < 0:
-            raise ValueError(
-                f"{NAME}: need 0 <= ratio_clip_min <= 1 and ratio_clip_max >= 0, got "
-                f"{cfg['ratio_clip_min']} and {cfg['ratio_clip_max']}"
-            )
-    c = cfg["ratio_clip_c"]
-    if c is not None:
-        if c <= 1:
-            raise ValueError(f"{NAME}: ratio_clip_c (dual clip) must be > 1, got {c}")
-        if cfg["disable_ppo_ratio"]:
-            raise ValueError(f"{NAME}: ratio_clip_c needs the PPO ratio; unset disable_ppo_ratio")
-    if cfg["reference_policy_kl_type"] not in KL_ESTIMATORS:
-        raise ValueError(
-            f"{NAME}: unknown reference_policy_kl_type {cfg['reference_policy_kl_type']!r}; "
-            f"choose one of {sorted(KL_ESTIMATORS)}"
-        )
-    for key in ("kl_input_clamp_value", "kl_output_clamp_value"):
-        if cfg[key] is not None and cfg[key] <= 0:
-            raise ValueError(f"{NAME}: {key} must be > 0 or None, got {cfg[key]}")
-    if cfg["positive_example_nll_weight"] < 0:
-        raise ValueError(f"{NAME}: positive_example_nll_weight must be >= 0")
-    if cfg["sequence_level_importance_ratios"] and cfg["token_level_loss"]:
-        raise ValueError(f"{NAME}: sequence_level_importance_ratios (GSPO) needs token_level_loss False")
-    _validate_cispo(cfg)
-    _validate_truncated_is(cfg)
-    return cfg
-
-
-def _validate_cispo(cfg: dict) -> None:
-    if not cfg["use_cispo"]:
-        return
-    conflicts = {
-        "disable_ppo_ratio": "CISPO weights by the ratio that it removes",
-        "force_on_policy_ratio": "a ratio forced to 1 leaves CISPO nothing to clip",
-        "sequence_level_importance_ratios": "CISPO's weights are per token",
-        "ratio_clip_c": "the dual clip would replace the CISPO loss; set it to None",
-    }
-    for key, why in conflicts.items():
-        if cfg[key] not in (False, None):
-            raise ValueError(f"{NAME}: use_cispo is incompatible with {key} ({why})")
-    if not cfg["token_level_loss"]:
-        raise ValueError(f"{NAME}: use_cispo needs token_level_loss True")
-
-
-def _validate_truncated_is(cfg: dict) -> None:
-    kind = cfg["truncated_importance_sampling_type"]
-    high, low = cfg["truncated_importance_sampling_ratio"], cfg["truncated_importance_sampling_ratio_min"]
-    if kind is None:
-        if high is not None:  # NeMo RL fails on it at the first call
-            raise ValueError(
-                f"{NAME}: truncated_importance_sampling_ratio is set but truncated_importance_sampling_type "
-                f"is None; choose one of {list(TRUNCATED_IS_TYPES)}"
-            )
-        return
-    if not cfg["use_importance_sampling_correction"]:
-        raise ValueError(f"{NAME}: truncated_importance_sampling_type needs use_importance_sampling_correction True")
-    if kind not in TRUNCATED_IS_TYPES:
-        raise ValueError(
-            f"{NAME}: unknown truncated_importance_sampling_type {kind!r}; choose one of {list(TRUNCATED_IS_TYPES)}"
-        )
-    if high is None or high <= 0:
-        raise ValueError(f"{NAME}: truncated_importance_sampling_ratio must be set and > 0, got {high}")
-    if low is not None and low > high:
-        raise ValueError(
-            f"{NAME}: truncated_importance_sampling_ratio_min must be <= truncated_importance_sampling_ratio, "
-            f"got {low} > {high}"
-        )
-    if kind != "tis" and low is None:
-        raise ValueError(f"{NAME}: truncated_importance_sampling_type {kind!r} needs truncated_importance_sampling_ratio_min")
-    if kind == "seq-mask-tis" and cfg["sequence_level_importance_ratios"]:
-        raise ValueError(
-            f"{NAME}: truncated_importance_sampling_type 'seq-mask-tis' (per-token weights, masked per "
-            "sequence) is incompatible with sequence_level_importance_ratios"
-        )
 
 
 def _metric_normalizations(cfg: dict) -> dict[str, str]:
@@ -229,9 +92,9 @@ class ClippedPGLossFn:
     the backward writes the logits' gradient into the logits' storage (no new `[B, S, V]` buffer).
     """
 
-    def __init__(self, cfg: ClippedPGLossConfig, inplace_backward: bool = False):
+    def __init__(self, cfg: dict | ClippedPGLossConfig, inplace_backward: bool = False):
         self.inplace_backward = inplace_backward
-        self.cfg = _validate(dict(cfg))
+        self.cfg = validate_clipped_pg(cfg)
         self.beta = 0.0 if self.cfg["use_kl_in_reward"] else float(self.cfg["reference_policy_kl_penalty"])
         self.nll_weight = float(self.cfg["positive_example_nll_weight"])
         self.metric_normalizations = _metric_normalizations(self.cfg)

@@ -17,7 +17,7 @@ from typing import Any, TypedDict
 import torch
 
 from rmkit.losses.advantages import kl_in_reward
-from rmkit.losses.dpo import check_config_keys
+from rmkit.losses.configs import check_config_keys
 from rmkit.losses.masking import compute_dtype, masked_mean
 from rmkit.losses.nll import loss_token_mask
 

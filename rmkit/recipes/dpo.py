@@ -20,10 +20,11 @@ from pathlib import Path
 import torch
 
 from rmkit import distributed as dist
+from rmkit.config import SamplingParams
 from rmkit.data import load_preference_data, write_rejects
 from rmkit.data.policy_tokenize import PolicyPair, tokenize_policy_pairs
 from rmkit.errors import DataError
-from rmkit.generation import SamplingParams, generate_completions
+from rmkit.generation import generate_completions
 from rmkit.losses.dpo import DPOLossFn
 from rmkit.models.pair_logprobs import PLACEHOLDER, PairLogits, RefLogprobs, reference_tensor
 from rmkit.models.policy import load_training_policy

@@ -27,7 +27,6 @@ import torch
 from rmkit import distributed as dist
 from rmkit.data.sampler import LengthGroupedBatchSampler
 from rmkit.errors import ConfigError, TrainingDiverged
-from rmkit.generation import SamplingParams
 from rmkit.losses import reduce_metrics
 from rmkit.losses.policy_gradient import ClippedPGLossFn
 from rmkit.models.policy import load_training_policy
@@ -53,7 +52,7 @@ from rmkit.trainer.resume import restore_rng, save_training_checkpoint
 from rmkit.trainer.run import Cadence, RunResult, check_finite, finish_run, resume, run_batches, start_run
 from rmkit.trainer.run_log import RunLogger, announce, append_samples, open_logger
 from rmkit.trainer.sharding import shard_policy
-from rmkit.trainer.state import TrainState
+from rmkit.trainer.state import TrainState, total_steps
 
 CURVES = {"reward": ["train/reward", "validation/reward_mean"], "KL to the reference": ["train/kl_penalty"],
           "generated tokens": ["train/mean_gen_tokens_per_sample", "validation/mean_gen_tokens_per_sample"]}
@@ -108,16 +107,16 @@ def train(cfg: GRPOConfig) -> RunResult:
     sampler = LengthGroupedBatchSampler([0] * len(train_prompts), cfg.grpo.num_prompts_per_step // world,
                                         seed=cfg.grpo.seed, drop_last=True, num_replicas=world, rank=dist.rank())
     generator = torch.Generator().manual_seed(cfg.grpo.seed * 1000 + dist.rank())
-    params = SamplingParams(**vars(cfg.policy.generation))
+    params = cfg.policy.generation
 
     # --- optimizer, schedule, loss, state; resume (the sampling generator too, so rollouts repeat exactly)
     rollout_size = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
     updates_per_step = rollout_size // cfg.policy.train_global_batch_size
-    steps = min(cfg.grpo.max_num_steps, cfg.grpo.max_num_epochs * len(sampler))
+    steps = total_steps(cfg.grpo, len(sampler))
     optimizer = build_optimizer(model, cfg.policy.optimizer)
     scheduler = build_scheduler(optimizer, cfg.policy.scheduler, steps * updates_per_step)
     state = TrainState(model, optimizer, scheduler, sampler)
-    loss_fn = ClippedPGLossFn(cfg.loss_fn.as_dict())
+    loss_fn = ClippedPGLossFn(cfg.loss_fn)
     saved = resume(run, state)
     if run.resume_from:
         generators = saved["generators"]

@@ -13,13 +13,20 @@ Unknown keys are errors naming the dotted key (`rmkit.config.load_config(..., tr
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import ClassVar, Literal
 
-from rmkit.config import CheckpointingConfig, DataConfig, LoggerConfig, PolicyConfig, Precision, _check
-from rmkit.errors import ConfigError
-from rmkit.losses.policy_gradient import DEFAULTS as LOSS_DEFAULTS
-from rmkit.losses.policy_gradient import ClippedPGLossFn
+from rmkit.config import (
+    CheckpointingConfig,
+    DataConfig,
+    LoggerConfig,
+    LoopConfig,
+    PolicyConfig,
+    Precision,
+    SamplingParams,
+    _check,
+)
+from rmkit.losses.configs import ClippedPGLossConfig
 
 
 @dataclass
@@ -34,17 +41,16 @@ class AdvEstimatorConfig:
 
 
 @dataclass
-class GRPOLoopConfig:
-    """The loop (`grpo.*`)."""
+class GRPOLoopConfig(LoopConfig):
+    """The loop (`grpo.*`). `max_num_steps` counts steps of one rollout batch each (`rollout /
+    policy.train_global_batch_size` optimizer steps)."""
+
+    section: ClassVar[str] = "grpo"
 
     num_prompts_per_step: int = 8
     """Prompts per step (over all data-parallel ranks); each is sampled `num_generations_per_prompt` times."""
     num_generations_per_prompt: int = 4
     """G: completions per prompt; the group whose rewards give each completion's baseline."""
-    max_num_steps: int = 100
-    """Steps (one rollout batch each, `rollout / policy.train_global_batch_size` optimizer steps)."""
-    max_num_epochs: int = 1
-    """Passes over the prompts; the run stops at whichever of this and `max_num_steps` comes first."""
     normalize_rewards: bool = True
     """GRPO: divide each advantage by its group's reward std (rows whose std is 0 are left as they are)."""
     use_leave_one_out_baseline: bool = True
@@ -55,108 +61,17 @@ class GRPOLoopConfig:
     """Clamp advantages below (after normalization); null: unclipped."""
     advantage_clip_high: float | None = None
     """Clamp advantages above; null: unclipped."""
-    val_period: int = 10
-    """Validate every this many steps (0: only at start / end)."""
-    val_at_start: bool = True
-    """Validate before the first step (the step-0 reward the run is judged against)."""
-    val_at_end: bool = True
-    """Validate after the last step."""
     max_val_samples: int = 32
     """Held-out prompts per validation (one completion each)."""
     val_batch_size: int = 32
     """Held-out prompts generated for together."""
-    seed: int = 42
-    """Seeds torch, the prompt order and the sampling generator (saved in checkpoints)."""
-    log_period: int = 1
-    """Write training metrics every this many steps."""
 
     def __post_init__(self):
-        for key in ("num_prompts_per_step", "num_generations_per_prompt", "max_num_steps", "max_num_epochs",
-                    "max_val_samples", "val_batch_size", "log_period"):
+        super().__post_init__()
+        for key in ("num_prompts_per_step", "num_generations_per_prompt", "max_val_samples", "val_batch_size"):
             _check(getattr(self, key) >= 1, f"grpo.{key}", "must be >= 1")
-        _check(self.val_period >= 0, "grpo.val_period", "must be >= 0")
         low, high = self.advantage_clip_low, self.advantage_clip_high
         _check(low is None or high is None or low <= high, "grpo.advantage_clip_low", "must be <= advantage_clip_high")
-
-
-@dataclass
-class LossFnConfig:
-    """`loss_fn.*`: every key of `rmkit.losses.policy_gradient.ClippedPGLossFn`, NeMo RL's defaults."""
-
-    reference_policy_kl_penalty: float = 0.01
-    """beta: weight of the KL to the reference policy (the initial weights); 0: no reference pass."""
-    ratio_clip_min: float = 0.2
-    """PPO clip: the ratio is clipped below at 1 - ratio_clip_min."""
-    ratio_clip_max: float = 0.2
-    """PPO clip: above at 1 + ratio_clip_max (DAPO's clip-higher when larger)."""
-    use_on_policy_kl_approximation: bool = False
-    """Weight the KL by exp(curr - gen)."""
-    use_importance_sampling_correction: bool = False
-    """Weight the actor loss by exp(prev - gen)."""
-    token_level_loss: bool = True
-    """Mean over all tokens of the global batch (true) or each sequence's token mean (false)."""
-    ratio_clip_c: float | None = None
-    """Dual clip c > 1; null: off."""
-    disable_ppo_ratio: bool = False
-    """REINFORCE / RLOO: actor loss -A * logp, no ratio, no clipping."""
-    reference_policy_kl_type: str = "k3"
-    """KL estimator: k1, k2 or k3."""
-    kl_input_clamp_value: float | None = 20.0
-    """Clamp of ref - curr before the estimator; null: none."""
-    kl_output_clamp_value: float | None = 10.0
-    """Clamp of the weighted estimate; null: none."""
-    sequence_level_importance_ratios: bool = False
-    """GSPO: one ratio per sequence (needs token_level_loss: false)."""
-    use_cispo: bool = False
-    """CISPO: -A * sg(clip(r)) * logp."""
-    truncated_importance_sampling_type: str | None = None
-    """tis, icepop or seq-mask-tis (needs use_importance_sampling_correction); null: off."""
-    truncated_importance_sampling_ratio: float | None = None
-    """Upper bound of the truncated importance weights."""
-    truncated_importance_sampling_ratio_min: float | None = None
-    """Lower bound (icepop, seq-mask-tis)."""
-    force_on_policy_ratio: bool = False
-    """ratio = 1 (prev_logprobs unread)."""
-    use_kl_in_reward: bool = False
-    """The KL goes into the reward (Reinforce++): the loss uses beta = 0."""
-    positive_example_nll_weight: float = 0.0
-    """VAPO: + weight * NLL of completions with a positive reward."""
-
-    def __post_init__(self):
-        try:
-            ClippedPGLossFn(self.as_dict())
-        except ValueError as err:  # the loss names the offending key in its message
-            message = str(err).removeprefix("ClippedPGLossConfig: ")
-            named = [k for k in LOSS_DEFAULTS if k in message]
-            key = min(named, key=message.index) if named else "reference_policy_kl_penalty"
-            raise ConfigError(f"loss_fn.{key}", message) from None
-
-    def as_dict(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-@dataclass
-class GenerationConfig:
-    """`policy.generation.*`: how rollouts are sampled (`rmkit.generation.SamplingParams`)."""
-
-    max_new_tokens: int = 64
-    """Tokens per completion at most; a completion that reaches it without EOS is truncated."""
-    temperature: float = 1.0
-    """Sampling temperature (> 0: GRPO needs samples); the training log-probs use the same temperature."""
-    top_p: float = 1.0
-    """Nucleus sampling."""
-    top_k: int | None = None
-    """Top-k sampling; null: off."""
-    stop_strings: list[str] | None = None
-    """Also stop a completion at the first of these strings (kept in the completion)."""
-
-    def __post_init__(self):
-        _check(self.max_new_tokens >= 1, "policy.generation.max_new_tokens", "must be >= 1")
-        _check(self.temperature > 0, "policy.generation.temperature", "must be > 0 (GRPO samples its rollouts)")
-        _check(0 < self.top_p <= 1, "policy.generation.top_p", "must be in (0, 1]")
-        _check(self.top_k is None or self.top_k >= 1, "policy.generation.top_k", "must be >= 1 or null")
-        _check(not self.stop_strings or all(self.stop_strings), "policy.generation.stop_strings",
-               "must be non-empty strings")
 
 
 @dataclass
@@ -165,15 +80,7 @@ class GRPOPolicyConfig(PolicyConfig):
     counts completions per optimizer step; a rollout of `num_prompts_per_step * num_generations_per_prompt`
     completions gives that divided by it optimizer steps."""
 
-    model_name: str = "smollm2"
-    """The policy: a causal LM directory (GGUF too), a hub id, or `smollm2` (the packaged SmolLM2-135M-Instruct)."""
-    train_global_batch_size: int = 32
-    """Completions per optimizer step."""
-    train_micro_batch_size: int = 8
-    """Completions per forward/backward (and per log-prob pass)."""
-    max_total_sequence_length: int = 512
-    """Prompt + completion tokens; longer prompts (with `generation.max_new_tokens`) are skipped."""
-    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    generation: SamplingParams = field(default_factory=lambda: SamplingParams(max_new_tokens=64))
     """Rollout sampling."""
     generation_batch_size: int = 32
     """Completions generated together (one `generate` call)."""
@@ -181,7 +88,6 @@ class GRPOPolicyConfig(PolicyConfig):
     def __post_init__(self):
         super().__post_init__()
         _check(self.generation_batch_size >= 1, "policy.generation_batch_size", "must be >= 1")
-        _check(not self.compile, "policy.compile", "not supported by rmkit grpo yet; set policy.compile=false")
 
 
 @dataclass
@@ -223,32 +129,23 @@ class EnvConfig:
 
 
 @dataclass
-class GRPOCheckpointingConfig(CheckpointingConfig):
-    """`checkpointing.*` with GRPO's defaults: checkpoints ranked by the held-out reward."""
-
-    checkpoint_dir: str = "results/grpo"
-    """The run's output directory (the policy goes to `final/`)."""
-    metric_name: str = "validation/reward_mean"
-    """The metric that ranks checkpoints."""
-    higher_is_better: bool = True
-    """A larger held-out reward is better."""
-    save_period: int = 10
-    """Save every this many steps (and at the last step)."""
-
-
-@dataclass
 class GRPOConfig:
     """The whole `rmkit grpo` config."""
 
-    grpo: GRPOLoopConfig = field(default_factory=GRPOLoopConfig)
-    loss_fn: LossFnConfig = field(default_factory=LossFnConfig)
-    policy: GRPOPolicyConfig = field(default_factory=GRPOPolicyConfig)
+    grpo: GRPOLoopConfig = field(default_factory=lambda: GRPOLoopConfig(max_num_steps=100, val_period=10, log_period=1))
+    loss_fn: ClippedPGLossConfig = field(default_factory=ClippedPGLossConfig)
+    policy: GRPOPolicyConfig = field(default_factory=lambda: GRPOPolicyConfig(
+        model_name="smollm2", train_global_batch_size=32, train_micro_batch_size=8, max_total_sequence_length=512))
     env: EnvConfig = field(default_factory=EnvConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    checkpointing: GRPOCheckpointingConfig = field(default_factory=GRPOCheckpointingConfig)
+    checkpointing: CheckpointingConfig = field(default_factory=lambda: CheckpointingConfig(
+        checkpoint_dir="results/grpo", metric_name="validation/reward_mean", higher_is_better=True, save_period=10))
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
     def __post_init__(self):
+        _check(not self.policy.compile, "policy.compile", "not supported by rmkit grpo yet; set policy.compile=false")
+        _check(self.policy.generation.temperature > 0, "policy.generation.temperature",
+               "must be > 0 (GRPO samples its rollouts)")
         rollout = self.grpo.num_prompts_per_step * self.grpo.num_generations_per_prompt
         g = self.policy.train_global_batch_size
         _check(rollout % g == 0, "policy.train_global_batch_size",

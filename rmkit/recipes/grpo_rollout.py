@@ -17,11 +17,12 @@ from pathlib import Path
 import torch
 
 from rmkit import distributed as dist
+from rmkit.config import SamplingParams
 from rmkit.data import write_rejects
 from rmkit.data.prompts import load_prompts
 from rmkit.data.tokenize import as_messages, render_prompt
 from rmkit.errors import ConfigError, DataError, RolloutFailed
-from rmkit.generation import SamplingParams, generate_completions
+from rmkit.generation import generate_completions
 from rmkit.losses.advantages import clip_advantages, grpo_group_advantages, reinforce_plus_plus_advantages
 from rmkit.losses.logprobs import next_token_logprobs
 from rmkit.models.setup import autocast, resolve_model_name

@@ -21,11 +21,12 @@ from pathlib import Path
 import torch
 
 from rmkit import distributed as dist
+from rmkit.config import SamplingParams
 from rmkit.data import write_rejects
 from rmkit.data.demonstrations import load_demonstrations, tokenize_demonstrations
 from rmkit.data.policy_tokenize import DemonstrationIds
 from rmkit.errors import DataError
-from rmkit.generation import SamplingParams, generate_completions
+from rmkit.generation import generate_completions
 from rmkit.losses import NLLLoss
 from rmkit.models.policy import load_training_policy
 from rmkit.models.setup import autocast

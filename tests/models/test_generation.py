@@ -3,8 +3,9 @@ batching (left padding) changes nothing, and a seeded generator reproduces the s
 
 import torch
 
+from rmkit.config import SamplingParams
 from rmkit.data.tokenize import render_prompt
-from rmkit.generation import SamplingParams, generate_completions
+from rmkit.generation import generate_completions
 from rmkit.models.policy import load_policy_model
 
 

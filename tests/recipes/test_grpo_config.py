@@ -1,15 +1,15 @@
 """`rmkit grpo`'s config: the shipped YAML parses, loss_fn has every ClippedPGLossFn key with NeMo RL's
 defaults, and bad keys or values name the dotted key."""
 
-from dataclasses import fields
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 
 from rmkit.config import load_config
 from rmkit.errors import ConfigError
-from rmkit.losses.policy_gradient import DEFAULTS
-from rmkit.recipes.grpo_config import GRPOConfig, LossFnConfig
+from rmkit.losses.configs import CLIPPED_PG_DEFAULTS, KL_TYPES, ClippedPGLossConfig
+from rmkit.recipes.grpo_config import GRPOConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -19,7 +19,7 @@ def test_shipped_config_parses_with_grpo_defaults():
     assert cfg.policy.model_name == "smollm2" and cfg.env.reward_model.model_name == "results/rm/final"
     assert cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt == 32
     assert cfg.policy.train_global_batch_size == 16 and cfg.policy.generation.max_new_tokens == 48
-    assert cfg.loss_fn.as_dict() == DEFAULTS  # the YAML states NeMo RL's defaults
+    assert asdict(cfg.loss_fn) == CLIPPED_PG_DEFAULTS  # the YAML states NeMo RL's defaults
     defaults = load_config(None, tree_type=GRPOConfig)
     assert defaults.checkpointing.checkpoint_dir == "results/grpo" and defaults.checkpointing.higher_is_better
     # a partly given section keeps GRPO's defaults for the rest
@@ -27,9 +27,27 @@ def test_shipped_config_parses_with_grpo_defaults():
     assert partial.policy.model_name == "smollm2" and partial.checkpointing.metric_name == "validation/reward_mean"
 
 
-def test_loss_fn_has_every_clipped_pg_key_with_its_default():
-    assert {f.name for f in fields(LossFnConfig)} == set(DEFAULTS)
-    assert LossFnConfig().as_dict() == DEFAULTS
+def test_loss_fn_is_the_loss_own_config_with_nemo_rl_defaults():
+    """`loss_fn` is `ClippedPGLossConfig` itself (declared once, in rmkit.losses.configs): the loss built from it
+    equals the loss built from an empty dict (NeMo RL's defaults), and its KL names are the estimators'."""
+    from rmkit.losses.kl import KL_ESTIMATORS
+    from rmkit.losses.policy_gradient import ClippedPGLossFn
+
+    assert ClippedPGLossFn(ClippedPGLossConfig()).cfg == ClippedPGLossFn({}).cfg == CLIPPED_PG_DEFAULTS
+    assert CLIPPED_PG_DEFAULTS["ratio_clip_min"] == 0.2 and CLIPPED_PG_DEFAULTS["reference_policy_kl_penalty"] == 0.01
+    assert set(KL_TYPES) == set(KL_ESTIMATORS)
+
+
+def test_config_trees_load_without_torch():
+    """A bad key must fail before torch's seconds of import: the config trees and the loss configs they nest
+    import no torch (import-linter checks the static imports; this checks what actually runs)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import rmkit.recipes.grpo_config, rmkit.recipes.dpo_config, rmkit.recipes.sft_config; "
+            "import rmkit.config, rmkit.cli.recipes; print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert out.stdout.strip() == "False"
 
 
 @pytest.mark.parametrize("override, key", [

@@ -8,10 +8,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rmkit.config import load_config
+from rmkit.config import SamplingParams, load_config
 from rmkit.data.tokenize import render_prompt
 from rmkit.distributed import DistInfo
-from rmkit.generation import SamplingParams
 from rmkit.losses.policy_gradient import ClippedPGLossFn
 from rmkit.models.policy import load_training_policy
 from rmkit.recipes import grpo
@@ -113,9 +112,9 @@ def _run_steps(cfg, env, steps, generator_seed=0):
     optimizer = build_optimizer(model, cfg.policy.optimizer)
     scheduler = build_scheduler(optimizer, cfg.policy.scheduler, 100)
     reference = grpo.reference_policy(cfg, model, DistInfo(0, 1, 0, torch.device("cpu")))
-    loss_fn = ClippedPGLossFn(cfg.loss_fn.as_dict())
+    loss_fn = ClippedPGLossFn(cfg.loss_fn)
     generator = torch.Generator().manual_seed(generator_seed)
-    params = SamplingParams(**vars(cfg.policy.generation))
+    params = cfg.policy.generation
     env = env(tokenizer) if callable(env) else env
     state = TrainState(model, optimizer, scheduler, sampler=None)
     history = []

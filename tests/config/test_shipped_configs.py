@@ -1,0 +1,71 @@
+"""Every config that ships, and every YAML snippet the README shows, loads into its recipe's config tree (the
+tree is the one whose loop section the YAML has; a snippet without one must load into the reward-model tree,
+the README's default); and each recipe's defaults are the default values of its tree."""
+
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rmkit.cli.recipes import RECIPES, _load
+from rmkit.config import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+LOOP_SECTIONS = {"rm": "train", "sft": "sft", "dpo": "dpo", "grpo": "grpo"}
+
+
+def tree_for(values: dict) -> type:
+    """The config tree of the recipe whose loop section `values` has (the reward model's when none)."""
+    loops = [LOOP_SECTIONS[k] for k in values if k in LOOP_SECTIONS]
+    assert len(loops) <= 1, f"one loop section per config, got {loops}"
+    return _load(RECIPES[loops[0] if loops else "train"].tree)
+
+
+def readme_snippets() -> list[tuple[int, str]]:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    return [(text[:m.start()].count("\n") + 1, m.group(1)) for m in re.finditer(r"```yaml\n(.*?)```", text, re.S)]
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_config_loads(path):
+    values = yaml.safe_load(path.read_text(encoding="utf-8"))
+    cfg = load_config(path, tree_type=tree_for(values))
+    assert cfg.checkpointing.checkpoint_dir  # a whole tree came back
+
+
+@pytest.mark.parametrize("line, snippet", readme_snippets(), ids=lambda v: str(v) if isinstance(v, int) else "")
+def test_every_readme_yaml_snippet_loads(tmp_path, line, snippet):
+    path = tmp_path / f"readme_{line}.yaml"
+    path.write_text(snippet, encoding="utf-8")
+    load_config(path, tree_type=tree_for(yaml.safe_load(snippet)))
+
+
+def test_the_readme_has_yaml_snippets():
+    assert len(readme_snippets()) >= 3  # the test above is not vacuous
+
+
+@pytest.mark.parametrize("name, key, value", [
+    ("sft", "policy.train_micro_batch_size", 4), ("sft", "checkpointing.checkpoint_dir", "results/sft"),
+    ("dpo", "dpo.max_num_steps", 150), ("dpo", "policy.optimizer.lr", 5e-6), ("dpo", "policy.scheduler.name", "constant"),
+    ("grpo", "grpo.max_num_steps", 100), ("grpo", "checkpointing.metric_name", "validation/reward_mean"),
+    ("train", "rm.max_num_steps", None), ("train", "policy.model_name", "minilm"),
+])
+def test_a_partial_section_keeps_the_recipe_defaults_of_its_other_keys(name, key, value):
+    """`policy.num_threads=1` given alone must not reset the recipe's other policy defaults to the shared
+    section's (the tree's defaults are default values, and YAML is laid over them)."""
+    cfg = load_config(None, ["policy.num_threads=1", "checkpointing.keep_top_k=2", "logger.plots=false"],
+                      tree_type=_load(RECIPES[name].tree))
+    node = cfg
+    for part in key.split("."):
+        node = getattr(node, part)
+    assert node == value
+
+
+@pytest.mark.parametrize("name", ["sft", "dpo", "grpo"])
+def test_a_policy_recipe_rejects_the_reward_head_key(name):
+    from rmkit.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["policy.reward_model_cfg.num_labels=2"], tree_type=_load(RECIPES[name].tree))
+    assert err.value.key == "policy.reward_model_cfg"
