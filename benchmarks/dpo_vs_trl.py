@@ -220,7 +220,7 @@ def train_rmkit(spec: dict, clock: RunClock) -> str:
     """`rmkit dpo` (its recipe, `rmkit.recipes.dpo.train`); returns the digest of the pairs it trained on."""
     from rmkit.config import load_config
     from rmkit.recipes import dpo
-    from rmkit.recipes.dpo_config import DPOTree
+    from rmkit.recipes.configs import DPOTree
 
     load_policy, load_pairs, trained = dpo.load_training_policy, dpo.load_pairs, []
 

@@ -85,7 +85,7 @@ def train_trl(spec: dict) -> None:
 def train_rmkit(spec: dict) -> None:
     from rmkit.config import load_config
     from rmkit.recipes import sft
-    from rmkit.recipes.sft_config import SFTTree
+    from rmkit.recipes.configs import SFTTree
 
     original = sft.load_training_policy
 

@@ -12,12 +12,14 @@ a Ray actor; wrap it in `ray.remote` if your trainer needs one.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
 from rmkit.errors import ConfigError
 from rmkit.inference import DTYPES
+from rmkit.models.setup import resolve_model_name
 
 # NeMo RL config keys accepted for compatibility and ignored here (resources are the trainer's business).
 IGNORED_KEYS = {"enabled", "tokenizer", "resources", "reward_model_cfg", "dtensor_cfg", "precision"}
@@ -111,3 +113,21 @@ class RewardModelEnvironment:
             self.client.close()
         if self.engine is not None:
             self.engine.close()
+
+
+def environment_for(rm) -> RewardModelEnvironment:
+    """The environment an RL recipe's `env.reward_model` section describes: in process (`model_name`, a reward-model
+    directory) or a running `rmkit serve` (`url`). Its keys: `model_name`, `url`, `api_key`, `batch_size`,
+    `precision`, `normalize`, `max_retries`, `timeout`."""
+    if rm.url is not None:
+        return RewardModelEnvironment({"url": rm.url, "api_key": rm.api_key, "batch_size": rm.batch_size,
+                                       "max_retries": rm.max_retries, "timeout": rm.timeout})
+    if rm.model_name is None:
+        raise ConfigError("env.reward_model.model_name", "set model_name (a reward-model directory, e.g. the "
+                          "final/ of rmkit train) or url (a running rmkit serve)")
+    path = resolve_model_name(rm.model_name)
+    if not Path(path).is_dir():
+        raise ConfigError("env.reward_model.model_name", f"no such directory: {path} (train one with "
+                          "`rmkit train --config configs/rm.yaml`, or set env.reward_model.url)")
+    return RewardModelEnvironment({"model_name": path, "dtype": rm.precision, "max_batch_size": rm.batch_size,
+                                   "normalize": rm.normalize})

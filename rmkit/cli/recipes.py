@@ -61,20 +61,20 @@ RECIPES = {
         "YAML config (default: all defaults = configs/default.yaml's run)",
         "pairs/s", ("/acc", "/loss"), "Reward model", _REWARD_MODEL_USE),
     "sft": Recipe(
-        "rmkit.recipes.sft_config:SFTTree", "rmkit.recipes.sft:train",
+        "rmkit.recipes.configs:SFTTree", "rmkit.recipes.sft:train",
         "Fine-tune a policy (any causal LM) on demonstrations: chat `messages`, prompt/response records or the "
         "chosen side of preference data. Overrides use dotted keys, e.g. policy.optimizer.lr=1e-5 "
         "sft.max_num_steps=100 data.train_data_path=demos.jsonl",
         "YAML config (default: all defaults, SmolLM2 on rmkit's small preference set)",
         "sequences/s", ("/loss", "/token_acc"), "Policy", _POLICY_USE),
     "dpo": Recipe(
-        "rmkit.recipes.dpo_config:DPOTree", "rmkit.recipes.dpo:train",
+        "rmkit.recipes.configs:DPOTree", "rmkit.recipes.dpo:train",
         "Train a policy (causal LM) on preference pairs with DPO. Overrides use dotted keys, e.g. "
         "dpo.max_num_steps=20 dpo.reference_policy_kl_penalty=0.1 policy.optimizer.lr=1e-6",
         "YAML config (default: all defaults; see configs/dpo.yaml)",
         "pairs/s", ("/loss", "/accuracy"), "Policy", _POLICY_USE),
     "grpo": Recipe(
-        "rmkit.recipes.grpo_config:GRPOConfig", "rmkit.recipes.grpo:train",
+        "rmkit.recipes.configs:GRPOConfig", "rmkit.recipes.grpo:train",
         "GRPO: optimize a policy (causal LM) against a reward model (in process or a running rmkit serve). "
         "Overrides use dotted keys, e.g. grpo.max_num_steps=20 env.reward_model.model_name=results/rm/final "
         "policy.generation.max_new_tokens=32",

@@ -28,7 +28,7 @@ from rmkit.generation import generate_completions
 from rmkit.losses.dpo import DPOLossFn
 from rmkit.models.pair_logprobs import PLACEHOLDER, PairLogits, RefLogprobs, reference_tensor
 from rmkit.models.policy import load_training_policy
-from rmkit.recipes.dpo_config import DPOTree
+from rmkit.recipes.configs import DPOTree
 from rmkit.trainer.accumulate import accumulate, global_metrics, plan_micro_batches
 from rmkit.trainer.export import export_policy
 from rmkit.trainer.optim import build_optimizer, build_scheduler, optimizer_step

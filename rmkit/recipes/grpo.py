@@ -26,15 +26,21 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.data.sampler import LengthGroupedBatchSampler
+from rmkit.env import environment_for
 from rmkit.errors import ConfigError, TrainingDiverged
 from rmkit.losses import reduce_metrics
+from rmkit.losses.advantages import clip_advantages, grpo_group_advantages, reinforce_plus_plus_advantages
 from rmkit.losses.policy_gradient import ClippedPGLossFn
 from rmkit.models.policy import load_training_policy
-from rmkit.recipes.grpo_config import GRPOConfig
-from rmkit.recipes.grpo_rollout import (
+from rmkit.recipes.configs import GRPOConfig
+from rmkit.trainer.accumulate import accumulate
+from rmkit.trainer.export import export_policy
+from rmkit.trainer.optim import build_optimizer, build_scheduler, optimizer_step
+from rmkit.trainer.plots import plot_curves
+from rmkit.trainer.progress import ProgressBar
+from rmkit.trainer.resume import restore_rng, save_training_checkpoint
+from rmkit.trainer.rollout import (
     batch_logprobs,
-    build_environment,
-    compute_advantages,
     generate_rollout,
     load_prompt_set,
     policy_logits,
@@ -43,12 +49,6 @@ from rmkit.recipes.grpo_rollout import (
     slice_rows,
     training_batch,
 )
-from rmkit.trainer.accumulate import accumulate
-from rmkit.trainer.export import export_policy
-from rmkit.trainer.optim import build_optimizer, build_scheduler, optimizer_step
-from rmkit.trainer.plots import plot_curves
-from rmkit.trainer.progress import ProgressBar
-from rmkit.trainer.resume import restore_rng, save_training_checkpoint
 from rmkit.trainer.run import Cadence, RunResult, check_finite, finish_run, resume, run_batches, start_run
 from rmkit.trainer.run_log import RunLogger, announce, append_samples, open_logger
 from rmkit.trainer.sharding import shard_policy
@@ -97,7 +97,7 @@ def train(cfg: GRPOConfig) -> RunResult:
         trained = model
     else:  # DDP sums gradients over ranks (rmkit.distributed)
         trained = dist.wrap_data_parallel(model, run.info)
-    env = build_environment(cfg)
+    env = environment_for(cfg.env.reward_model)
     train_prompts = load_prompt_set(cfg.data.train_data_path, cfg, tokenizer, run.out_dir / "rejects-train.jsonl", "train")
     val_prompts = {name: load_prompt_set(path, cfg, tokenizer, run.out_dir / f"rejects-{name}.jsonl", f"validation-{name}")
                    for name, path in cfg.data.val_data_paths.items()}
@@ -196,6 +196,23 @@ def grpo_step(cfg, state, trained, tokenizer, env, reference, loss_fn, prompts, 
     timing["policy_training"] = time.perf_counter() - t0
     metrics = {**rollout_metrics(rollout, rewards, batch, timing["generation"]), **train_metrics}
     return {**metrics, **{f"timing/train/{k}": v for k, v in timing.items()}}
+
+
+def compute_advantages(cfg, rewards: torch.Tensor, group_index: torch.Tensor, batch: dict) -> torch.Tensor:
+    """Advantages per row `[N]` (GRPO) or per token `[N, S]` (Reinforce++), clipped per `grpo.advantage_clip_*`."""
+    grpo, estimator = cfg.grpo, cfg.grpo.adv_estimator
+    if estimator.name == "grpo":
+        adv = grpo_group_advantages(rewards, group_index, use_leave_one_out_baseline=grpo.use_leave_one_out_baseline,
+                                    normalize_rewards=grpo.normalize_rewards)
+    else:
+        loss = cfg.loss_fn
+        mask = batch["token_mask"] * batch["sample_mask"][:, None]
+        adv = reinforce_plus_plus_advantages(
+            rewards, mask, group_index, minus_baseline=estimator.minus_baseline,
+            use_kl_in_reward=loss.use_kl_in_reward, reference_policy_kl_penalty=loss.reference_policy_kl_penalty,
+            reference_policy_kl_type=loss.reference_policy_kl_type, logprobs=batch.get("prev_logprobs"),
+            reference_logprobs=batch.get("reference_policy_logprobs"), all_reduce_sum=dist.all_reduce_sum)
+    return clip_advantages(adv, grpo.advantage_clip_low, grpo.advantage_clip_high)
 
 
 def needs_prev_logprobs_pass(cfg, rows: int) -> bool:

@@ -30,7 +30,7 @@ from rmkit.generation import generate_completions
 from rmkit.losses import NLLLoss
 from rmkit.models.policy import load_training_policy
 from rmkit.models.setup import autocast
-from rmkit.recipes.sft_config import SFTTree
+from rmkit.recipes.configs import SFTTree
 from rmkit.trainer.accumulate import accumulate, global_metrics, plan_micro_batches
 from rmkit.trainer.export import export_policy
 from rmkit.trainer.optim import build_optimizer, build_scheduler, optimizer_step

@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 from rmkit.config import config_from_dict
-from rmkit.recipes.dpo_config import DPOTree
+from rmkit.recipes.configs import DPOTree
 
 
 def write_pairs(path: Path, n: int, offset: int = 0) -> Path:

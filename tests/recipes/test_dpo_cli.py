@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from rmkit import cli
 from rmkit.config import load_config
 from rmkit.errors import ConfigError
-from rmkit.recipes.dpo_config import DPOTree
+from rmkit.recipes.configs import DPOTree
 from tests.recipes.dpo_helpers import dpo_values, read_metrics, write_pairs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import pytest
 from rmkit.config import load_config
 from rmkit.errors import ConfigError
 from rmkit.losses.configs import CLIPPED_PG_DEFAULTS, KL_TYPES, ClippedPGLossConfig
-from rmkit.recipes.grpo_config import GRPOConfig
+from rmkit.recipes.configs import GRPOConfig
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -44,7 +44,7 @@ def test_config_trees_load_without_torch():
     import subprocess
     import sys
 
-    code = ("import sys; import rmkit.recipes.grpo_config, rmkit.recipes.dpo_config, rmkit.recipes.sft_config; "
+    code = ("import sys; import rmkit.recipes.configs, rmkit.losses.configs; "
             "import rmkit.config, rmkit.cli.recipes; print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "False"

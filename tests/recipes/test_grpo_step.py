@@ -14,9 +14,10 @@ from rmkit.distributed import DistInfo
 from rmkit.losses.policy_gradient import ClippedPGLossFn
 from rmkit.models.policy import load_training_policy
 from rmkit.recipes import grpo
-from rmkit.recipes.grpo_config import GRPOConfig
-from rmkit.recipes.grpo_rollout import PromptItem, compute_advantages, generate_rollout, training_batch
+from rmkit.recipes.configs import GRPOConfig
+from rmkit.recipes.grpo import compute_advantages
 from rmkit.trainer.optim import build_optimizer, build_scheduler
+from rmkit.trainer.rollout import PromptItem, generate_rollout, training_batch
 from rmkit.trainer.state import TrainState
 
 
@@ -85,7 +86,7 @@ def test_completions_of_a_prompt_share_its_forward_and_match_the_plain_one(tiny_
     """policy_logits runs each prompt once for its completions: on a real rollout (3 prompts x 3, different
     prompt and completion lengths) the logits at every real position and every parameter's gradient equal
     a plain padded forward's."""
-    from rmkit.recipes.grpo_rollout import policy_logits, prompt_groups
+    from rmkit.trainer.rollout import policy_logits, prompt_groups
 
     cfg = _cfg(tiny_policy)
     model, tokenizer = load_training_policy(cfg.policy, torch.device("cpu"))

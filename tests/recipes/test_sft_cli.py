@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rmkit import cli
 from rmkit.config import load_config
-from rmkit.recipes.sft_config import SFTTree
+from rmkit.recipes.configs import SFTTree
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

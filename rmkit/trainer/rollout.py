@@ -1,5 +1,6 @@
-"""GRPO's rollout pieces: prompts ready to sample, completions laid out as training tensors, rewards from the
-environment, advantages per prompt group, and per-token log-probs of a batch.
+"""Rollouts for the RL recipes (GRPO, PPO): prompts ready to sample, completions sampled and laid out as training
+tensors, rewards from the environment, and a policy's per-token log-probs of such a batch, the completions of
+one prompt computed with the prompt once.
 
 Tensors follow docs/design.md: right-padded rows `[B, S]` of prompt + completion; per-token tensors
 (`generation_logprobs`, `prev_logprobs`, `reference_policy_logprobs`) aligned with `input_ids` (position t
@@ -21,11 +22,10 @@ from rmkit.config import SamplingParams
 from rmkit.data import write_rejects
 from rmkit.data.prompts import load_prompts
 from rmkit.data.tokenize import as_messages, render_prompt
-from rmkit.errors import ConfigError, DataError, RolloutFailed
+from rmkit.errors import DataError, RolloutFailed
 from rmkit.generation import generate_completions
-from rmkit.losses.advantages import clip_advantages, grpo_group_advantages, reinforce_plus_plus_advantages
 from rmkit.losses.logprobs import next_token_logprobs
-from rmkit.models.setup import autocast, resolve_model_name
+from rmkit.models.setup import autocast
 from rmkit.models.shared_prefix import Group, shared_prefix_logits
 from rmkit.trainer.run_data import resolve_data_path
 
@@ -64,25 +64,6 @@ def load_prompt_set(path: str, cfg, tokenizer, rejects: Path, label: str) -> lis
         raise DataError(path, None, None, f"no usable prompts ({len(skipped)} skipped, see {rejects})"
                         if skipped else "no prompts")
     return items
-
-
-def build_environment(cfg):
-    """`RewardModelEnvironment` from `env.reward_model`: in process (`model_name`) or a server (`url`)."""
-    from rmkit.env import RewardModelEnvironment
-
-    rm = cfg.env.reward_model
-    if rm.url is not None:
-        return RewardModelEnvironment({"url": rm.url, "api_key": rm.api_key, "batch_size": rm.batch_size,
-                                       "max_retries": rm.max_retries, "timeout": rm.timeout})
-    if rm.model_name is None:
-        raise ConfigError("env.reward_model.model_name", "set model_name (a reward-model directory, e.g. the "
-                          "final/ of rmkit train) or url (a running rmkit serve)")
-    path = resolve_model_name(rm.model_name)
-    if not Path(path).is_dir():
-        raise ConfigError("env.reward_model.model_name", f"no such directory: {path} (train one with "
-                          "`rmkit train --config configs/rm.yaml`, or set env.reward_model.url)")
-    return RewardModelEnvironment({"model_name": path, "dtype": rm.precision, "max_batch_size": rm.batch_size,
-                                   "normalize": rm.normalize})
 
 
 @dataclass
@@ -165,23 +146,6 @@ def score_rollout(env, rollout: Rollout, step: int) -> torch.Tensor:
 def _snippet(prompt: str | list[dict], limit: int = 80) -> str:
     text = prompt if isinstance(prompt, str) else prompt[-1]["content"]
     return text if len(text) <= limit else text[:limit] + "..."
-
-
-def compute_advantages(cfg, rewards: torch.Tensor, group_index: torch.Tensor, batch: dict) -> torch.Tensor:
-    """Advantages per row `[N]` (GRPO) or per token `[N, S]` (Reinforce++), clipped per `grpo.advantage_clip_*`."""
-    grpo, estimator = cfg.grpo, cfg.grpo.adv_estimator
-    if estimator.name == "grpo":
-        adv = grpo_group_advantages(rewards, group_index, use_leave_one_out_baseline=grpo.use_leave_one_out_baseline,
-                                    normalize_rewards=grpo.normalize_rewards)
-    else:
-        loss = cfg.loss_fn
-        mask = batch["token_mask"] * batch["sample_mask"][:, None]
-        adv = reinforce_plus_plus_advantages(
-            rewards, mask, group_index, minus_baseline=estimator.minus_baseline,
-            use_kl_in_reward=loss.use_kl_in_reward, reference_policy_kl_penalty=loss.reference_policy_kl_penalty,
-            reference_policy_kl_type=loss.reference_policy_kl_type, logprobs=batch.get("prev_logprobs"),
-            reference_logprobs=batch.get("reference_policy_logprobs"), all_reduce_sum=dist.all_reduce_sum)
-    return clip_advantages(adv, grpo.advantage_clip_low, grpo.advantage_clip_high)
 
 
 def policy_logits(model, batch: dict, temperature: float, precision: str) -> torch.Tensor:
