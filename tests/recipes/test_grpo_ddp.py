@@ -43,9 +43,13 @@ def records(out: Path) -> list[dict]:
             for line in lines]
 
 
-def generations(out: Path) -> dict[str, list[str]]:
-    return {p.name: [json.loads(line)["completion"] for line in p.read_text().splitlines()]
-            for p in sorted((out / "logs" / "generations").glob("*.jsonl"))}
+def generations(out: Path) -> dict[int, list[str]]:
+    """The validation completions of `samples.jsonl`, by step."""
+    by_step: dict[int, list[str]] = {}
+    for line in (out / "logs" / "samples.jsonl").read_text().splitlines():
+        sample = json.loads(line)
+        by_step.setdefault(sample["step"], []).append(sample["completion"])
+    return by_step
 
 
 # FSDP2: the policy and the frozen reference sharded; 3 validation prompts split 1 / 2 over the ranks, so
@@ -66,7 +70,7 @@ def test_two_gloo_processes_equal_one_process(tiny_policy, tiny_reward_model, pr
     assert err.count("rmkit: GRPO on") == 1, "only rank 0 prints"
 
     val_prompts = 3 if parallel == "fsdp2" else 4
-    assert generations(ddp) == generations(single) and len(generations(single)["step_0.jsonl"]) == val_prompts
+    assert generations(ddp) == generations(single) and len(generations(single)[0]) == val_prompts
     a, b = records(single), records(ddp)
     assert [r["step"] for r in a] == [r["step"] for r in b] == [0, 1, 2, 3, 3]
     assert a[1]["train/reward_std"] > 0 and a[1]["train/advantages/max"] > 0  # there is something to learn
