@@ -6,6 +6,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.support.reward_models import pair_files, tiny_decoder, tiny_encoder  # noqa: F401 (fixtures for every directory)
+
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
 

@@ -22,7 +22,7 @@ from safetensors.torch import load_file
 
 from rmkit import cli
 from tests.recipes.dpo_helpers import dpo_values, read_metrics, write_pairs
-from tests.scale.launch import CHILD_ENV, torchrun
+from tests.support.launch import CHILD_ENV, torchrun
 
 pytestmark = pytest.mark.slow
 TIMING_KEYS = ("train/pairs_per_s", "train/tokens_per_s")

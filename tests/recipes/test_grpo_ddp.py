@@ -29,7 +29,7 @@ from safetensors.torch import load_file
 
 from rmkit import cli
 from tests.recipes.conftest import grpo_overrides
-from tests.scale.launch import CHILD_ENV, torchrun
+from tests.support.launch import CHILD_ENV, torchrun
 
 DETERMINISTIC = ["policy.generation.top_k=1", "grpo.adv_estimator.name=reinforce_plus_plus",
                  "grpo.adv_estimator.minus_baseline=false", "loss_fn.reference_policy_kl_penalty=0.05",

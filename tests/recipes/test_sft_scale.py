@@ -3,7 +3,7 @@ torchrun DDP run, and a 2-process FSDP2 run, == one process with the same global
 
 DDP tolerance: the ranks sum their gradient shares in another order than one process does (then an
 all-reduce), so the runs agree to float32 rounding that Adam can amplify on near-zero gradients: logged
-losses to 1e-4 relative, final weights to 1e-5 absolute (as tests/scale/test_train_ddp.py). Averaging instead of
+losses to 1e-4 relative, final weights to 1e-5 absolute (as tests/recipes/test_rm_ddp.py). Averaging instead of
 summing gradients, or local instead of global token counts, is off by a factor of ~2 at the first step.
 """
 
@@ -22,7 +22,7 @@ import yaml
 from safetensors.torch import load_file
 
 from rmkit import cli
-from tests.scale.launch import CHILD_ENV, torchrun
+from tests.support.launch import CHILD_ENV, torchrun
 
 STEPS, SAVE_PERIOD = 16, 4
 TIMING = ("train/tokens_per_s", "train/sequences_per_s", "validation-held_out/tokens_per_s")

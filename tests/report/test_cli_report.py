@@ -9,7 +9,7 @@ import pytest
 from rmkit.cli import main as rmkit_main
 from rmkit.report.metrics import sigmoid
 from tests.report.rb_data import ROWS, write_rb_files
-from tests.train.conftest import run_cli
+from tests.support.reward_models import run_cli
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ and scored on pairs (text and chat) longer than it."""
 
 import json
 
-from tests.train.conftest import run_cli, write_pairs
+from tests.support.reward_models import run_cli, write_pairs
 
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
 

@@ -21,8 +21,8 @@ import yaml
 from safetensors.torch import load_file
 
 from rmkit import cli
-from tests.scale.launch import CHILD_ENV, torchrun
-from tests.scale.tiny import make_tiny_decoder, write_pairs
+from tests.support.launch import CHILD_ENV, torchrun
+from tests.support.tiny import make_tiny_decoder, write_pairs
 
 STEPS = 8
 

@@ -34,9 +34,9 @@ from transformers import (
 from rmkit import cli
 from rmkit.config import config_from_dict
 from rmkit.errors import ConfigError
-from tests.scale.launch import CHILD_ENV, torchrun
-from tests.scale.test_train_ddp import assert_close_runs, records
-from tests.scale.tiny import BAD, GOOD, TOPICS, make_tiny_decoder, write_pairs
+from tests.recipes.test_rm_ddp import assert_close_runs, records
+from tests.support.launch import CHILD_ENV, torchrun
+from tests.support.tiny import BAD, GOOD, TOPICS, make_tiny_decoder, write_pairs
 
 STEPS = 8
 TEXTS = ["User: tell me about apples\nAssistant: the answer about apples is helpful the",
@@ -160,6 +160,6 @@ def test_fsdp2_two_gloo_processes_equal_one_process(tmp_path, variant):
 def test_dtensor_config_defaults_and_checks():
     cfg = config_from_dict({"policy": {"dtensor_cfg": {"enabled": True}}, "checkpointing": {"resume": "auto"}})
     assert cfg.policy.dtensor_cfg.reshard_after_forward and cfg.policy.dtensor_cfg.param_dtype == "auto"
-    assert cfg.checkpointing.enabled  # sharded checkpoints and resume: tests/scale/test_train_fsdp_resume.py
+    assert cfg.checkpointing.enabled  # sharded checkpoints and resume: tests/recipes/test_rm_fsdp_resume.py
     with pytest.raises(ConfigError, match="param_dtype"):
         config_from_dict({"policy": {"dtensor_cfg": {"enabled": True, "param_dtype": "bfloat16"}}})

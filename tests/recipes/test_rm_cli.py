@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from rmkit.cli import main as rmkit_main
-from tests.train.conftest import run_cli, write_pairs
+from tests.support.reward_models import run_cli, write_pairs
 
 
 def in_process(capsys, *args) -> subprocess.CompletedProcess:

@@ -8,7 +8,7 @@ from rmkit.config import load_config
 from rmkit.models import load_reward_model
 from rmkit.models.setup import resolve_model_name
 from rmkit.recipes.rm import train
-from tests.train.conftest import REPO_ROOT
+from tests.support.reward_models import REPO_ROOT
 
 
 @pytest.mark.slow

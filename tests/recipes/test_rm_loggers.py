@@ -5,7 +5,7 @@ import json
 import pytest
 import yaml
 
-from tests.scale.test_train_resume import assets, rmkit_train, write_config  # noqa: F401 (assets: fixture)
+from tests.recipes.test_rm_resume import assets, rmkit_train, write_config  # noqa: F401 (assets: fixture)
 
 
 @pytest.mark.slow  # ~10 s on a quiet machine, mostly W&B's service start; the backends' unit tests are fast

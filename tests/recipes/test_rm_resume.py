@@ -19,8 +19,8 @@ import yaml
 from safetensors.torch import load_file
 
 from rmkit import cli
-from tests.scale.launch import CHILD_ENV
-from tests.scale.tiny import make_tiny_decoder, write_pairs
+from tests.support.launch import CHILD_ENV
+from tests.support.tiny import make_tiny_decoder, write_pairs
 
 STEPS, SAVE_PERIOD, VAL_PERIOD = 30, 5, 5
 TIMING_KEYS = ("train/pairs_per_s", "train/tokens_per_s")  # wall-clock numbers differ between runs

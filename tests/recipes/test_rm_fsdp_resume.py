@@ -21,10 +21,10 @@ import yaml
 
 from rmkit import cli
 from rmkit.trainer.checkpoint import read_manifest
-from tests.scale.launch import CHILD_ENV, kill_all, start_torchrun, torchrun
-from tests.scale.test_train_ddp import assert_close_runs
-from tests.scale.test_train_resume import assert_bitwise_equal, logged_steps, metrics, rmkit_train, weights
-from tests.scale.tiny import make_tiny_decoder, write_pairs
+from tests.recipes.test_rm_ddp import assert_close_runs
+from tests.recipes.test_rm_resume import assert_bitwise_equal, logged_steps, metrics, rmkit_train, weights
+from tests.support.launch import CHILD_ENV, kill_all, start_torchrun, torchrun
+from tests.support.tiny import make_tiny_decoder, write_pairs
 
 STEPS, SAVE_PERIOD = 8, 2  # 48 pairs: 6 steps of 8 per epoch, so the run crosses an epoch boundary
 

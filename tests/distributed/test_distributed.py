@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from rmkit import distributed as dist
-from tests.scale.launch import torchrun
+from tests.support.launch import torchrun
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,4 +1,5 @@
-"""Tiny random backbones and preference files for the training tests (built once per session, no downloads)."""
+"""Tiny random reward-model backbones and preference files (built once per session, no downloads): fixtures that
+`tests/conftest.py` makes available to every test directory, and the `rmkit` subprocess runner."""
 
 import json
 import os

@@ -110,7 +110,7 @@ def test_round_trip_then_training_continues_bitwise(tmp_path):
 
 def test_step_directory_is_a_model_directory(tmp_path):
     from rmkit.models import load_reward_model
-    from tests.scale.tiny import make_tiny_decoder
+    from tests.support.tiny import make_tiny_decoder
 
     source = make_tiny_decoder(tmp_path / "source")
     model, tokenizer = load_reward_model(source)
