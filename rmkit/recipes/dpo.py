@@ -31,12 +31,12 @@ from rmkit.models.policy import load_training_policy
 from rmkit.recipes.configs import DPOTree
 from rmkit.trainer.accumulate import accumulate, global_metrics, plan_micro_batches
 from rmkit.trainer.export import export_policy
-from rmkit.trainer.optim import build_optimizer, build_scheduler, optimizer_step
+from rmkit.trainer.optim import build_optimizer, build_scheduler
 from rmkit.trainer.plots import plot_training_curves
 from rmkit.trainer.progress import ProgressBar, StepWindow
 from rmkit.trainer.reference_logprobs import reference_logprobs, weights_digest
 from rmkit.trainer.resume import restore_rng, save_training_checkpoint
-from rmkit.trainer.run import Cadence, RunResult, check_finite, finish_run, resume, run_batches, start_run
+from rmkit.trainer.run import Cadence, RunResult, apply_update, finish_run, resume, run_batches, start_run
 from rmkit.trainer.run_data import make_sampler, resolve_data_path
 from rmkit.trainer.run_log import RunLogger, announce, append_samples, open_logger
 from rmkit.trainer.sharding import shard_policy
@@ -197,10 +197,9 @@ def train(cfg: DPOTree) -> RunResult:
         batch, refs = [train_pairs[i] for i in indices], [train_refs[i] for i in indices]
         metrics = dpo_step(forward, loss_fn, batch, refs, cfg.policy.train_micro_batch_size)
         values = {k: float(v) for k, v in metrics.items()}  # the one host-device sync per step
-        check_finite(values["loss"], state, f"Lower policy.optimizer.lr (now {cfg.policy.optimizer.lr}) or "
-                                            "dpo.reference_policy_kl_penalty, or check the data near this batch.")
-        lr = scheduler.get_last_lr()[0]
-        grad_norm = optimizer_step(model, optimizer, scheduler, cfg.policy.max_grad_norm)
+        lr, grad_norm = apply_update(state, values["loss"], cfg.policy.max_grad_norm,
+                                     f"Lower policy.optimizer.lr (now {cfg.policy.optimizer.lr}) or "
+                                     "dpo.reference_policy_kl_penalty, or check the data near this batch.")
         state.step += 1
         dt = time.perf_counter() - t0
         tokens = sum(2 * len(p.prompt_ids) + len(p.chosen_ids) + len(p.rejected_ids) for p in batch)

@@ -35,7 +35,7 @@ from rmkit.models.policy import load_training_policy
 from rmkit.recipes.configs import GRPOConfig
 from rmkit.trainer.accumulate import accumulate
 from rmkit.trainer.export import export_policy
-from rmkit.trainer.optim import build_optimizer, build_scheduler, optimizer_step
+from rmkit.trainer.optim import build_optimizer, build_scheduler
 from rmkit.trainer.plots import plot_curves
 from rmkit.trainer.progress import ProgressBar
 from rmkit.trainer.resume import restore_rng, save_training_checkpoint
@@ -49,7 +49,7 @@ from rmkit.trainer.rollout import (
     slice_rows,
     training_batch,
 )
-from rmkit.trainer.run import Cadence, RunResult, check_finite, finish_run, resume, run_batches, start_run
+from rmkit.trainer.run import Cadence, RunResult, apply_update, finish_run, resume, run_batches, start_run
 from rmkit.trainer.run_log import RunLogger, announce, append_samples, open_logger
 from rmkit.trainer.sharding import shard_policy
 from rmkit.trainer.state import TrainState, total_steps
@@ -251,11 +251,10 @@ def update_policy(cfg, state, trained, batch, loss_fn, temperature) -> dict[str,
             return loss, metrics
 
         metrics = reduce_metrics(accumulate(trained, list(range(0, per_rank, micro)), run_micro))
-        check_finite(float(dist.all_reduce_sum(torch.as_tensor(metrics["loss"], device=device).detach().clone())),
-                     state, f"Lower policy.optimizer.lr (now {policy.optimizer.lr}), set policy.max_grad_norm, or "
-                            "check the rewards of this rollout.")
-        metrics["lr"] = state.scheduler.get_last_lr()[0]
-        metrics["grad_norm"] = optimizer_step(model, state.optimizer, state.scheduler, policy.max_grad_norm)
+        loss = float(dist.all_reduce_sum(torch.as_tensor(metrics["loss"], device=device).detach().clone()))
+        metrics["lr"], metrics["grad_norm"] = apply_update(
+            state, loss, policy.max_grad_norm, f"Lower policy.optimizer.lr (now {policy.optimizer.lr}), set "
+                                               "policy.max_grad_norm, or check the rewards of this rollout.")
         steps.append(metrics)
     return _mean_over_updates(steps)
 

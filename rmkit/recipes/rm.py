@@ -36,11 +36,11 @@ from rmkit.models.reward_forward import (
 from rmkit.models.setup import RewardForward, autocast, prepare_model, resolve_model_name
 from rmkit.trainer.accumulate import accumulate, global_metrics, plan_micro_batches
 from rmkit.trainer.export import export_model, reward_stats
-from rmkit.trainer.optim import build_optimizer, build_scheduler, optimizer_step
+from rmkit.trainer.optim import build_optimizer, build_scheduler
 from rmkit.trainer.plots import plot_reward_histograms, plot_training_curves
 from rmkit.trainer.progress import ProgressBar, StepWindow
 from rmkit.trainer.resume import restore_rng, save_training_checkpoint
-from rmkit.trainer.run import Cadence, RunResult, check_finite, finish_run, resume, run_batches, start_run
+from rmkit.trainer.run import Cadence, RunResult, apply_update, finish_run, resume, run_batches, start_run
 from rmkit.trainer.run_data import item_tokens, load_run_data, make_sampler
 from rmkit.trainer.run_log import RunLogger, announce, open_logger
 from rmkit.trainer.sharding import shard_reward_model
@@ -187,10 +187,9 @@ def train(cfg: Config) -> RunResult:
                           cfg.policy.precision, device)
         # The one host-device sync per step: the loss must be finite before the update is applied.
         loss, acc = torch.stack([metrics["loss"], metrics.get("acc", torch.full_like(metrics["loss"], math.nan))]).tolist()
-        check_finite(loss, state, f"Lower policy.optimizer.lr (now {cfg.policy.optimizer.lr}), set "
-                                  "policy.max_grad_norm, or check the data near this batch.")
-        lr = scheduler.get_last_lr()[0]
-        grad_norm = optimizer_step(model, optimizer, scheduler, cfg.policy.max_grad_norm)
+        lr, grad_norm = apply_update(state, loss, cfg.policy.max_grad_norm,
+                                     f"Lower policy.optimizer.lr (now {cfg.policy.optimizer.lr}), set "
+                                     "policy.max_grad_norm, or check the data near this batch.")
         state.step += 1
         dt = time.perf_counter() - t0
         tokens = sum(item_tokens(item) for item in batch)

@@ -33,11 +33,11 @@ from rmkit.models.setup import autocast
 from rmkit.recipes.configs import SFTTree
 from rmkit.trainer.accumulate import accumulate, global_metrics, plan_micro_batches
 from rmkit.trainer.export import export_policy
-from rmkit.trainer.optim import build_optimizer, build_scheduler, optimizer_step
+from rmkit.trainer.optim import build_optimizer, build_scheduler
 from rmkit.trainer.plots import plot_training_curves
 from rmkit.trainer.progress import ProgressBar, StepWindow
 from rmkit.trainer.resume import restore_rng, save_training_checkpoint
-from rmkit.trainer.run import Cadence, RunResult, check_finite, finish_run, resume, run_batches, start_run
+from rmkit.trainer.run import Cadence, RunResult, apply_update, finish_run, resume, run_batches, start_run
 from rmkit.trainer.run_data import make_sampler, resolve_data_path
 from rmkit.trainer.run_log import announce, append_samples, open_logger
 from rmkit.trainer.sharding import shard_policy
@@ -228,10 +228,9 @@ def train(cfg: SFTTree) -> RunResult:
                            cfg.policy.precision, device, cfg.sft.sequence_packing)
         # The one host-device sync per step: the loss must be finite before the update is applied.
         loss, acc = torch.stack([metrics["loss"], metrics["token_acc"]]).tolist()
-        check_finite(loss, state, f"Lower policy.optimizer.lr (now {cfg.policy.optimizer.lr}), set "
-                                  "policy.max_grad_norm, or check the data near this batch.")
-        lr = scheduler.get_last_lr()[0]
-        grad_norm = optimizer_step(model, optimizer, scheduler, cfg.policy.max_grad_norm)
+        lr, grad_norm = apply_update(state, loss, cfg.policy.max_grad_norm,
+                                     f"Lower policy.optimizer.lr (now {cfg.policy.optimizer.lr}), set "
+                                     "policy.max_grad_norm, or check the data near this batch.")
         state.step += 1
         dt = time.perf_counter() - t0
         tokens = dist.all_reduce_sum(torch.tensor(float(sum(d.length for d in batch)))).item()

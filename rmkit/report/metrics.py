@@ -25,7 +25,8 @@ def wilson_interval(correct: int, n: int, z: float = Z95) -> list[float] | None:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return [max(0.0, centre - half), min(1.0, centre + half)]
+    # The interval contains p; at p = 0 or 1 float rounding can leave a bound a hair on the wrong side of it.
+    return [min(p, max(0.0, centre - half)), max(p, min(1.0, centre + half))]
 
 
 def response_length(response) -> int:

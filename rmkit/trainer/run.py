@@ -7,8 +7,8 @@
     when = Cadence(cfg, cfg.dpo, steps)
     for indices in run_batches(state, steps, cfg.dpo.max_num_epochs):
         ...forward and backward (rmkit.trainer.accumulate)...
-        check_finite(loss, state, hint)           before the update is applied
-        ...optimizer step, `state.step += 1`, then log / validate / save as `when` says...
+        lr, grad_norm = apply_update(state, loss, ...)   the finite check, then the optimizer step
+        ...`state.step += 1`, then log / validate / save as `when` says...
     final_dir = finish_run(run, state, ...)       last checkpoint, the model gathered and exported
 
 No base class and no hidden loop: a recipe file reads as the whole method, top to bottom.
@@ -31,6 +31,7 @@ from rmkit import distributed as dist
 from rmkit.config import save_config
 from rmkit.errors import TrainingDiverged
 from rmkit.trainer.checkpoint import list_checkpoints
+from rmkit.trainer.optim import optimizer_step
 from rmkit.trainer.resume import resolve_resume, restore_training_state, save_training_checkpoint
 from rmkit.trainer.run_log import SAMPLES
 from rmkit.trainer.sharding import gather_full_model
@@ -155,6 +156,15 @@ def run_batches(state: TrainState, steps: int, max_epochs: int) -> Iterator:
             if state.step >= steps:
                 break
         state.epoch += 1
+
+
+def apply_update(state: TrainState, loss: float, max_grad_norm: float | None, hint: str) -> tuple[float, torch.Tensor]:
+    """The optimizer step of the gradients in `.grad`, once `loss` (the step's, read on the host) is known to be
+    finite (`check_finite`, with `hint` for the message): clipping to `max_grad_norm`, the step, the schedule.
+    Returns the learning rate the step used and the gradient norm before clipping."""
+    check_finite(loss, state, hint)
+    lr = state.scheduler.get_last_lr()[0]
+    return lr, optimizer_step(state.model, state.optimizer, state.scheduler, max_grad_norm)
 
 
 def check_finite(loss: float, state: TrainState, hint: str) -> None:

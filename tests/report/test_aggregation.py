@@ -71,3 +71,10 @@ def test_wilson_interval_by_hand(report):
 def test_model_names_are_short_unique_and_file_safe():
     assert model_names(["runs/a/final", "runs/b/final", "x/hub model"]) == ["a-final", "b-final", "hub_model"]
     assert model_names(["m", "m"]) == ["m", "m-2"]
+
+
+def test_wilson_interval_contains_the_proportion_at_0_and_1():
+    """At p = 0 or 1 float rounding put a bound a hair past p (n = 3, 6, ...): a negative error bar, which
+    matplotlib refuses (the report then failed)."""
+    for n in range(1, 300):
+        assert wilson_interval(n, n)[1] >= 1.0 and wilson_interval(0, n)[0] <= 0.0
