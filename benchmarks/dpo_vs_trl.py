@@ -162,19 +162,15 @@ def train_rmkit(spec: dict, clock: harness.PhaseClock) -> str:
     from rmkit.recipes import dpo
     from rmkit.recipes.dpo_config import DPOTree
 
-    load_policy, load_pairs, trained = dpo.load_training_policy, dpo.load_pairs, []
-
-    def load_timed_policy(policy, device):
-        model, tokenizer = load_policy(policy, device)
-        clock.watch(model, before_training="reference")
-        return model, tokenizer
+    load_pairs, trained = dpo.load_pairs, []
 
     def load_recorded_pairs(cfg, path, tokenizer, rejects_path, label):
         pairs = load_pairs(cfg, path, tokenizer, rejects_path, label)
         trained.extend({k: getattr(p, k) for k in ID_KEYS} for p in pairs)
         return pairs
 
-    dpo.load_training_policy, dpo.load_pairs = load_timed_policy, load_recorded_pairs
+    clock.watch_loaded(dpo, before_training="reference")
+    dpo.load_pairs = load_recorded_pairs
     dpo.weights_digest = clock.timed(dpo.weights_digest, "weights_hash")
     overrides = [
         f"policy.model_name={spec['policy_dir']}", f"data.train_data_path={spec['pairs_jsonl']}",

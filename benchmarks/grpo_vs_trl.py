@@ -190,14 +190,7 @@ def train_rmkit(spec: dict, clock: harness.PhaseClock) -> list[float]:
     from rmkit.cli import main as rmkit_main
     from rmkit.recipes import grpo
 
-    load_policy = grpo.load_training_policy
-
-    def load_timed_policy(policy, device):
-        model, tokenizer = load_policy(policy, device)
-        clock.watch(model)
-        return model, tokenizer
-
-    grpo.load_training_policy = load_timed_policy
+    clock.watch_loaded(grpo)
     grpo.generate_rollout = clock.timed(grpo.generate_rollout, "generation")
     grpo.score_rollout = clock.timed(grpo.score_rollout, "reward_calculation")
     grpo.batch_logprobs = clock.timed(grpo.batch_logprobs, "logprobs")

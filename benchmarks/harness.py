@@ -85,6 +85,18 @@ class PhaseClock:
             self._handles.append(model.get_input_embeddings().register_forward_pre_hook(
                 lambda module, inputs: self._on_forward(module, inputs)))
 
+    def watch_loaded(self, recipe, before_training: str | None = None) -> None:
+        """`watch` every model an rmkit recipe module's `load_training_policy` loads from now on (the module
+        attribute is replaced: the recipe looks it up when it runs)."""
+        load = recipe.load_training_policy
+
+        def load_watched(*args, **kwargs):
+            model, tokenizer = load(*args, **kwargs)
+            self.watch(model, before_training)
+            return model, tokenizer
+
+        recipe.load_training_policy = load_watched
+
     def timed(self, fn: Callable, name: str) -> Callable:
         """`fn`, each call of it a phase `name` (no phase is open after it returns)."""
         @functools.wraps(fn)

@@ -63,14 +63,7 @@ def train_rmkit(spec: dict, clock: harness.PhaseClock) -> None:
     from rmkit.recipes import sft
     from rmkit.recipes.sft_config import SFTTree
 
-    original = sft.load_training_policy
-
-    def load_timed_policy(policy, device):
-        model, tokenizer = original(policy, device)
-        clock.watch(model)
-        return model, tokenizer
-
-    sft.load_training_policy = load_timed_policy
+    clock.watch_loaded(sft)
     overrides = [f"policy.model_name={spec['model']}", f"data.train_data_path={spec['jsonl']}", "data.val_data_paths={}",
                  f"checkpointing.checkpoint_dir={spec['out']}", "checkpointing.enabled=false",
                  f"policy.train_global_batch_size={GLOBAL}", f"policy.train_micro_batch_size={MICRO}",
