@@ -4,7 +4,8 @@ Scoring goes through the inference core, `rmkit.inference` (the path `rmkit eval
 `rmkit serve` take): `load_scorer` on the model directory, `encode_pairs` (each side of a pair cut on its
 own) and `score_ids`, in float32, the same code for every model under test. Training pairs for TRL are
 tokenized by rmkit's `tokenize_pairs` as `rmkit train` cuts them. The machine is described the same way
-by every script, so numbers from them can sit in one table.
+by every script, so numbers from them can sit in one table. How they measure (the clock, the worker processes,
+memory, the tables) is `benchmarks/harness.py`.
 """
 
 from __future__ import annotations
@@ -14,12 +15,10 @@ import importlib.util
 import json
 import os
 import platform
-import resource
 import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -180,24 +179,6 @@ def synchronized_time() -> float:
     return time.perf_counter()
 
 
-def peak_gpu_mib() -> float | None:
-    """`torch.cuda.max_memory_allocated()` of this process in MiB; None where CUDA was not used."""
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        return torch.cuda.max_memory_allocated() / 2**20
-    return None
-
-
-def device_env(device: str) -> dict:
-    """Environment for a worker on `device`: `cpu` hides the GPUs, so rmkit (which takes CUDA whenever it is
-    there, `rmkit.distributed.init_distributed`) stays on the CPU with TRL; `cuda` leaves them visible."""
-    return {"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {}
-
-
-def peak_rss_mib() -> float:
-    """Peak resident set size of this process so far, in MiB (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
 def median(values: list[float]) -> float | None:
     values = [v for v in values if v is not None]
     return statistics.median(values) if values else None
@@ -236,19 +217,3 @@ def machine_info() -> dict:
 def write_json(path: Path, payload: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2) + "\n")
-
-
-def run_subcommand(argv: list[str], script: str, worker: Callable[[Path], None],
-                   markdown_table: Callable[[dict], str] | None = None) -> bool:
-    """The subcommands a side-by-side benchmark takes instead of its options: `worker SPEC.json` (one run, in
-    the fresh process the script started for it) and `table RESULTS.json` (print the results' markdown table
-    again). True when `argv` was one of them and it ran."""
-    if argv[:1] == ["worker"]:
-        worker(Path(argv[1]))
-        return True
-    if argv[:1] == ["table"] and markdown_table is not None:
-        if len(argv) != 2:
-            raise SystemExit(f"usage: python benchmarks/{script} table RESULTS.json")
-        print(markdown_table(json.loads(Path(argv[1]).read_text())))
-        return True
-    return False

@@ -29,18 +29,19 @@ accuracy in its LM head, then several `.item()` syncs); rmkit reduces its metric
 the reference weights for their caches before the first forward: outside the timed span, reported as
 `weights_hash_s`.
 
-Timed by the same hooks in both processes: the span runs from the first forward of the input embeddings (the
-reference pass) to the end of the last optimizer step (loading, tokenization and saving excluded).
-`reference_s` runs to the first training forward (grad enabled, train mode), so it holds the reference pass
-and the setup after it (optimizer, data loader); `training_s` is the rest. pairs/s = pairs / the whole span.
-Peak RSS is the process's peak at the last optimizer step. Held-out accuracy: for the first `--eval-pairs`
-pairs of hh_harmless_val.jsonl (the same tokenization), the implicit reward beta * (log pi(y|x) - log
+Timed by the harness clock (`benchmarks/harness.py`), hooked the same way in both processes on the input
+embeddings and every optimizer step: `reference_s` (its `reference` phase) runs from the first forward (the
+reference pass) to the first training forward (grad enabled, train mode), so it holds the reference pass and the
+setup after it (optimizer, data loader); `training_s` runs from there to the end of the last optimizer step;
+`total_s` is their sum (loading, tokenization, the weights hash and saving excluded). pairs/s = pairs / total_s.
+Peak RSS (and GPU memory) are the process's peaks at the last optimizer step. Held-out accuracy: for the first
+`--eval-pairs` pairs of hh_harmless_val.jsonl (the same tokenization), the implicit reward beta * (log pi(y|x) - log
 pi_ref(y|x)) of each response, by one function for both sides' saved models (the reference being the starting
 weights), each sequence run alone; accuracy = the fraction with chosen > rejected (a tie is wrong), for each
 side's first run.
 
 `--device cuda` runs both trainers (and the held-out scoring) on the GPU and records each run's peak GPU memory;
-the clocks synchronize CUDA before reading the time. `--precision bf16` is bf16 autocast over float32 weights on
+the clock synchronizes CUDA before reading the time. `--precision bf16` is bf16 autocast over float32 weights on
 both sides (TRL `bf16=True`, rmkit `policy.precision=bfloat16`). `--warmup-epochs N` trains N untimed epochs
 first: `steady_training_pairs_per_s` is then the pairs of the last epoch over its seconds (from the end of the
 last warmup step to the end of the last step); `pairs_per_s` stays every epoch's pairs over the whole span.
@@ -57,17 +58,14 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common, harness  # noqa: E402
 
 SIDES = ("trl", "rmkit")
 SEED, WEIGHT_DECAY, MAX_GRAD_NORM, BETAS, EPS = 42, 0.01, 1.0, (0.9, 0.999), 1e-8
@@ -116,70 +114,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 # ---------------------------------------------------------------- inside a training process
 
 
-class RunClock:
-    """Times a run through a hook on the model's input embeddings and one on every optimizer step, the same for
-    both trainers: `start` the first forward, `train_start` the first forward with grad enabled in train mode,
-    `end` the last optimizer step; forwards before `train_start` are the reference pass's. Each reading waits for
-    queued CUDA work (`common.synchronized_time`); forwards that read no clock do not wait."""
-
-    def __init__(self) -> None:
-        self.start = self.train_start = self.end = None
-        self.step_ends: list[float] = []
-        self.reference_forwards = self.training_forwards = self.steps = 0
-        self.peak_rss_mib = 0.0
-        self.weights_hash_s = 0.0
-
-    def attach(self, model: torch.nn.Module) -> None:
-        model.get_input_embeddings().register_forward_pre_hook(self._on_forward)
-        register_optimizer_step_post_hook(self._on_step)
-
-    def _on_forward(self, module, inputs) -> None:
-        training = module.training and torch.is_grad_enabled()
-        if self.start is None or (training and self.train_start is None):
-            now = common.synchronized_time()
-            self.start = self.start or now
-        if training:
-            self.train_start = self.train_start or now
-            self.training_forwards += 1
-        elif self.train_start is None:
-            self.reference_forwards += 1
-
-    def _on_step(self, *_) -> None:
-        self.end, self.steps = common.synchronized_time(), self.steps + 1
-        self.step_ends.append(self.end)
-        self.peak_rss_mib = common.peak_rss_mib()
-
-    def timed_hash(self, fn):
-        """`fn` (a trainer's weight hash), its seconds added to `weights_hash_s`."""
-        def timed(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.weights_hash_s += time.perf_counter() - t0
-        return timed
-
-    def result(self, warmup_steps: int = 0) -> dict:
-        """The spans; with `warmup_steps`, also `steady_training_s`: from the end of that optimizer step on."""
-        if self.train_start is None or self.end is None:
-            raise SystemExit("the run made no training forward or no optimizer step")
-        result = {"total_s": self.end - self.start, "reference_s": self.train_start - self.start,
-                  "training_s": self.end - self.train_start, "weights_hash_s": self.weights_hash_s,
-                  "reference_forwards": self.reference_forwards, "training_forwards": self.training_forwards,
-                  "optimizer_steps": self.steps, "peak_rss_mib": self.peak_rss_mib}
-        if warmup_steps:
-            if len(self.step_ends) <= warmup_steps:
-                raise SystemExit(f"{len(self.step_ends)} optimizer steps: none after the {warmup_steps} warmup steps")
-            result["steady_training_s"] = self.end - self.step_ends[warmup_steps - 1]
-        return result
-
-
 def token_digest(pairs: list[dict]) -> str:
     """sha256 of the pairs' token ids, in order."""
     return hashlib.sha256(json.dumps([[p[k] for k in ID_KEYS] for p in pairs]).encode()).hexdigest()
 
 
-def train_trl(spec: dict, clock: RunClock) -> str:
+def train_trl(spec: dict, clock: harness.PhaseClock) -> str:
     """TRL's DPOTrainer on the pre-tokenized pairs; returns the digest of the pairs it trained on."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -192,10 +132,10 @@ def train_trl(spec: dict, clock: RunClock) -> str:
         def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
             return dataset
 
-    dpo_trainer.hash_module = clock.timed_hash(dpo_trainer.hash_module)
+    dpo_trainer.hash_module = clock.timed(dpo_trainer.hash_module, "weights_hash")
     model = AutoModelForCausalLM.from_pretrained(spec["policy_dir"], dtype=torch.float32)  # master weights
     tokenizer = AutoTokenizer.from_pretrained(spec["policy_dir"])
-    clock.attach(model)
+    clock.watch(model, before_training="reference")
     pairs = json.loads(Path(spec["pairs_ids"]).read_text())
     args = DPOConfig(
         output_dir=spec["out_dir"], per_device_train_batch_size=spec["micro"],
@@ -216,26 +156,22 @@ def train_trl(spec: dict, clock: RunClock) -> str:
     return digest
 
 
-def train_rmkit(spec: dict, clock: RunClock) -> str:
+def train_rmkit(spec: dict, clock: harness.PhaseClock) -> str:
     """`rmkit dpo` (its recipe, `rmkit.recipes.dpo.train`); returns the digest of the pairs it trained on."""
     from rmkit.config import load_config
     from rmkit.recipes import dpo
     from rmkit.recipes.configs import DPOTree
 
-    load_policy, load_pairs, trained = dpo.load_training_policy, dpo.load_pairs, []
-
-    def load_timed_policy(policy, device):
-        model, tokenizer = load_policy(policy, device)
-        clock.attach(model)
-        return model, tokenizer
+    load_pairs, trained = dpo.load_pairs, []
 
     def load_recorded_pairs(cfg, path, tokenizer, rejects_path, label):
         pairs = load_pairs(cfg, path, tokenizer, rejects_path, label)
         trained.extend({k: getattr(p, k) for k in ID_KEYS} for p in pairs)
         return pairs
 
-    dpo.load_training_policy, dpo.load_pairs = load_timed_policy, load_recorded_pairs
-    dpo.weights_digest = clock.timed_hash(dpo.weights_digest)
+    clock.watch_loaded(dpo, before_training="reference")
+    dpo.load_pairs = load_recorded_pairs
+    dpo.weights_digest = clock.timed(dpo.weights_digest, "weights_hash")
     overrides = [
         f"policy.model_name={spec['policy_dir']}", f"data.train_data_path={spec['pairs_jsonl']}",
         "data.val_data_paths={}", "data.batching=random", f"checkpointing.checkpoint_dir={spec['out_dir']}",
@@ -252,15 +188,22 @@ def train_rmkit(spec: dict, clock: RunClock) -> str:
     return token_digest(trained)
 
 
-def worker(spec_path: Path) -> None:
-    """One training run in this (fresh) process; its measurements go to `spec["result_path"]`."""
-    spec = json.loads(spec_path.read_text())
-    torch.set_num_threads(spec["threads"])
+def worker(spec: dict) -> dict:
+    """One training run in this (fresh) process; returns its measurements."""
     torch.manual_seed(SEED)
-    clock = RunClock()
+    clock = harness.PhaseClock()
     digest = {"trl": train_trl, "rmkit": train_rmkit}[spec["side"]](spec, clock)
-    gpu = {"peak_gpu_mib": common.peak_gpu_mib()} if spec["device"] == "cuda" else {}
-    common.write_json(Path(spec["result_path"]), {**clock.result(spec["warmup_steps"]), **gpu, "token_digest": digest})
+    seconds = clock.close()
+    if "training" not in seconds:
+        raise SystemExit("the run made no training forward")
+    reference, training = seconds.get("reference", 0.0), seconds["training"]
+    result = {"total_s": reference + training, "reference_s": reference, "training_s": training,
+              "weights_hash_s": seconds.get("weights_hash", 0.0), "reference_forwards": clock.forwards.get("reference", 0),
+              "training_forwards": clock.forwards["training"], "optimizer_steps": len(clock.step_ends), **clock.memory,
+              "token_digest": digest}
+    if spec["warmup_steps"]:
+        result["steady_training_s"] = clock.span(after_step=spec["warmup_steps"])
+    return result
 
 
 # ---------------------------------------------------------------- orchestration
@@ -315,20 +258,11 @@ def run(args: argparse.Namespace, data: dict, side: str, repeat: int) -> dict:
             "batch": args.batch, "micro": args.micro, "threads": args.threads, "out_dir": str(run_dir / "out"),
             "device": args.device, "precision": args.precision, "epochs": args.warmup_epochs + 1,
             "warmup_steps": args.warmup_epochs * (args.pairs // args.batch),
-            "model_dir": str(model_dir), "save_model": repeat == 0, "result_path": str(run_dir / "result.json")}
-    (run_dir / "spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": str(common.REPO_ROOT), "OMP_NUM_THREADS": str(args.threads),
-           "TOKENIZERS_PARALLELISM": "false", "TQDM_DISABLE": "1", **common.device_env(args.device)}
-    start = time.perf_counter()
-    with open(run_dir / "log.txt", "w") as log:  # streamed: a slow run can be watched
-        proc = subprocess.run([sys.executable, __file__, "worker", str(run_dir / "spec.json")], env=env,
-                              stdout=log, stderr=subprocess.STDOUT)
-    if proc.returncode:
-        raise SystemExit(f"{name} failed (log: {run_dir / 'log.txt'}):\n{(run_dir / 'log.txt').read_text()[-3000:]}")
-    result = json.loads((run_dir / "result.json").read_text())
+            "model_dir": str(model_dir), "save_model": repeat == 0}
+    result = harness.launch(__file__, spec, run_dir, args.device, name)
     if repeat:  # only each side's first run is scored; rmkit exports every run
         shutil.rmtree(run_dir / "out", ignore_errors=True)
-    result.update(run=name, side=side, repeat=repeat, wall_s=time.perf_counter() - start,
+    result.update(run=name, side=side, repeat=repeat,
                   pairs_per_s=spec["epochs"] * args.pairs / result["total_s"],
                   model_dir=str(model_dir) if repeat == 0 else None)
     if "steady_training_s" in result:
@@ -406,23 +340,22 @@ def summarize(runs: list[dict]) -> dict:
 def markdown_table(payload: dict) -> str:
     head = ["run", "pairs/s", "total (s)", "reference (s)", "training (s)", "weights hash (s)", "peak RSS (MiB)",
             "held-out accuracy"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    held = payload["held_out"]
+    held, rows = payload["held_out"], []
     for r in payload["runs"]:
         accuracy = f"{held[r['side']]['accuracy']:.3f}" if r["repeat"] == 0 and r["side"] in held else ""
-        lines.append(f"| {r['run']} | {r['pairs_per_s']:.3f} | {r['total_s']:.1f} | {r['reference_s']:.1f} | "
-                     f"{r['training_s']:.1f} | {r['weights_hash_s']:.1f} | {r['peak_rss_mib']:.0f} | {accuracy} |")
+        rows.append([r["run"], f"{r['pairs_per_s']:.3f}", f"{r['total_s']:.1f}", f"{r['reference_s']:.1f}",
+                     f"{r['training_s']:.1f}", f"{r['weights_hash_s']:.1f}", f"{r['peak_rss_mib']:.0f}", accuracy])
     for side, m in payload["median"].items():
-        lines.append(f"| **{side} median** | **{m['pairs_per_s']:.3f}** | {m['total_s']:.1f} | {m['reference_s']:.1f} "
-                     f"| {m['training_s']:.1f} | {m['weights_hash_s']:.1f} | {m['peak_rss_mib']:.0f} | |")
+        rows.append([f"**{side} median**", f"**{m['pairs_per_s']:.3f}**", f"{m['total_s']:.1f}", f"{m['reference_s']:.1f}",
+                     f"{m['training_s']:.1f}", f"{m['weights_hash_s']:.1f}", f"{m['peak_rss_mib']:.0f}"])
     if "speedup_pairs_per_s" in payload:
-        lines.append(f"| **rmkit / TRL pairs/s** | **{payload['speedup_pairs_per_s']:.2f}x** |" + " |" * 6)
-    return "\n".join(lines)
+        rows.append(["**rmkit / TRL pairs/s**", f"**{payload['speedup_pairs_per_s']:.2f}x**"])
+    return harness.markdown(head, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if common.run_subcommand(argv, "dpo_vs_trl.py", worker, markdown_table):
+    if harness.subcommand(argv, "dpo_vs_trl.py", worker, markdown_table):
         return 0
     args = parse_args(argv)
     info = common.machine_info()

@@ -135,17 +135,19 @@ def _shape_args(args) -> list[str]:
 
 def markdown(payload: dict) -> str:
     """The BENCHMARKS.md table: MiB per rank, and FSDP2 / DDP."""
+    from benchmarks import harness
+
     rows = {(r["mode"], r["rank"]): r for r in payload["ranks"]}
     keys = [("param_bytes", "parameters"), ("grad_bytes", "gradients"), ("optimizer_bytes", "AdamW state"),
             ("total_bytes", "**params + grads + AdamW**"), ("peak_rss_steps_bytes", "peak RSS during the steps"),
             ("peak_rss_process_bytes", "peak RSS of the process (setup included)"),
             ("rss_imports_bytes", "RSS after the imports (torch, transformers, rmkit)")]  # fmt: skip
-    lines = ["| per rank (MiB) | DDP rank 0 | DDP rank 1 | FSDP2 rank 0 | FSDP2 rank 1 | FSDP2 / DDP (rank 0) |",
-             "|---|---|---|---|---|---|"]  # fmt: skip
+    lines = []
     for key, name in keys:
         values = [rows[(mode, r)][key] / MIB for mode in MODES for r in (0, 1)]
-        lines.append(f"| {name} | " + " | ".join(f"{v:,.1f}" for v in values) + f" | {values[2] / values[0]:.2f} |")
-    return "\n".join(lines)
+        lines.append([name, *(f"{v:,.1f}" for v in values), f"{values[2] / values[0]:.2f}"])
+    head = ["per rank (MiB)", "DDP rank 0", "DDP rank 1", "FSDP2 rank 0", "FSDP2 rank 1", "FSDP2 / DDP (rank 0)"]
+    return harness.markdown(head, lines)
 
 
 def main() -> None:

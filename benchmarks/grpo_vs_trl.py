@@ -19,18 +19,28 @@ the reward tokenizer and pads its own way).
 
 Known differences: each side shuffles the prompts and draws its samples from its own RNG (different
 rollouts); TRL divides by (std + 1e-4), rmkit by (std + 1e-6) (`rmkit.losses.advantages`); rmkit clamps the
-KL input and output (NeMo RL's 20 / 10, rarely reached) and computes the pre-update log-probs in a separate
-no-grad pass even when the ratio is 1, which TRL skips.
+KL input and output (NeMo RL's 20 / 10, rarely reached). With one optimizer step per rollout neither side runs
+a pre-update log-prob pass (the ratio is 1).
 
-Measured per step (each side in a fresh subprocess, in one run): seconds split into generation, reward
-scoring, log-probs (rmkit: `timing/train/policy_and_reference_logprobs`; TRL: the rest of
-`_generate_and_score_completions` after `_generate` and `_calculate_rewards`: tokenization, the reference
-pass, advantages) and training (the rest of the step: forward, backward, optimizer step); rmkit from its
-logged `timing/train/*`, TRL by wrapping those three methods and a callback at step begin / end. Generated
-tokens/s = completion tokens (rmkit `train/mean_gen_tokens_per_sample`, TRL `completions/mean_length`) /
-generation seconds; peak RSS of the subprocess. Then the held-out reward: one greedy completion per
-held-out prompt (hh_harmless_val.jsonl) from the initial and each final policy, by `rmkit.generation`,
-scored by the same environment, in this process.
+Timed per optimizer step (one per rollout) by the harness clock (`benchmarks/harness.py`), in each side's fresh
+subprocess, hooked the same way on both sides (wrapped methods of TRL's trainer, wrapped module attributes of
+`rmkit.recipes.grpo`, a forward pre-hook on the policy's input embeddings, the optimizer-step hook):
+
+- generation: the calls that sample the rollout (TRL `_generate`, rmkit `generate_rollout`: rendering and
+  tokenizing the prompts, `generate`, decoding);
+- reward_calculation: the calls that score it (TRL `_calculate_rewards`, rmkit `score_rollout`: the same
+  environment on both sides);
+- logprobs: the no-grad log-prob passes (TRL `_get_per_token_logps_and_entropies` called without grad, rmkit
+  `batch_logprobs`: the reference's, and the old policy's where one is needed);
+- training: from the first training forward (train mode, grad enabled) to the end of the optimizer step
+  (forward, backward, clipping, the step);
+- total: from the end of the previous optimizer step (the first step: from the start of its generation) to the
+  end of this one: the phases and the rest (building the batch, advantages, metrics, logging).
+
+Generated tokens/s = completion tokens (rmkit's logged `train/mean_gen_tokens_per_sample`, TRL's
+`completions/mean_length`) / generation seconds; peak RSS (and GPU memory) of the subprocess at its last
+optimizer step. Then the held-out reward: one greedy completion per held-out prompt (hh_harmless_val.jsonl)
+from the initial and each final policy, by `rmkit.generation`, scored by the same environment, in this process.
 
 `--device cuda` puts both policies (training, generation, the held-out completions) on the GPU and records each
 run's peak GPU memory; the reward model stays where `rmkit grpo` puts it, on the CPU, for both sides.
@@ -46,23 +56,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common, harness  # noqa: E402
 
 SIDES = ("trl", "rmkit")
 PARTS = ("generation", "reward_calculation", "logprobs", "training", "total")
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
-RMKIT_TIMING = {"generation": "generation", "reward_calculation": "reward_calculation",
-                "logprobs": "policy_and_reference_logprobs", "training": "policy_training",
-                "total": "total_step_time"}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -113,10 +118,10 @@ def reward_callable(model_dir: str):
     return rmkit_reward
 
 
-def train_trl(spec: dict) -> list[dict]:
-    """TRL's GRPOTrainer with the matched settings; per-step timings from wrapped methods and a callback."""
+def train_trl(spec: dict, clock: harness.PhaseClock) -> list[float]:
+    """TRL's GRPOTrainer with the matched settings, its phases on `clock`; returns each step's completion tokens."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     rollout = spec["prompts"] * spec["generations"]
@@ -134,41 +139,22 @@ def train_trl(spec: dict) -> list[dict]:
     tokenizer = AutoTokenizer.from_pretrained(spec["policy_dir"])
     trainer = GRPOTrainer(model=model, reward_funcs=reward_callable(spec["reward_model"]), args=config,
                           train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tokenizer)
-    spent = dict.fromkeys(("generation", "reward_calculation", "generate_and_score"), 0.0)
-    for name, method in (("generation", "_generate"), ("reward_calculation", "_calculate_rewards"),
-                         ("generate_and_score", "_generate_and_score_completions")):
-        setattr(trainer, method, _timed(getattr(trainer, method), spent, name))
-    steps: list[dict] = []
+    clock.watch(model)
+    trainer._generate = clock.timed(trainer._generate, "generation")
+    trainer._calculate_rewards = clock.timed(trainer._calculate_rewards, "reward_calculation")
+    logprobs = trainer._get_per_token_logps_and_entropies
+    timed_logprobs = clock.timed(logprobs, "logprobs")
 
-    class StepTimer(TrainerCallback):
-        def on_step_begin(self, *_, **__):
-            self.start, self.before = common.synchronized_time(), dict(spent)
+    def old_or_reference_logprobs(*args, **kwargs):
+        """Without grad: the old-policy or reference pass (a phase); with grad: the training forward."""
+        return (logprobs if torch.is_grad_enabled() else timed_logprobs)(*args, **kwargs)
 
-        def on_step_end(self, *_, **__):
-            d = {k: spent[k] - self.before[k] for k in spent}
-            total = common.synchronized_time() - self.start
-            steps.append({"generation": d["generation"], "reward_calculation": d["reward_calculation"],
-                          "logprobs": d["generate_and_score"] - d["generation"] - d["reward_calculation"],
-                          "training": total - d["generate_and_score"], "total": total})
-
-    trainer.add_callback(StepTimer())
+    trainer._get_per_token_logps_and_entropies = old_or_reference_logprobs
     trainer.train()
-    lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
-    for step, length in zip(steps, lengths):
-        step["generated_tokens"] = length * rollout
     trainer.save_model(spec["model_out"])
     tokenizer.save_pretrained(spec["model_out"])
-    return steps
-
-
-def _timed(fn, spent: dict, name: str):
-    def wrapper(*args, **kwargs):
-        start = common.synchronized_time()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            spent[name] += common.synchronized_time() - start
-    return wrapper
+    lengths = [h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h]
+    return [length * rollout for length in lengths]
 
 
 def rmkit_config(spec: dict) -> dict:
@@ -196,12 +182,18 @@ def rmkit_config(spec: dict) -> dict:
     }
 
 
-def train_rmkit(spec: dict) -> list[dict]:
-    """`rmkit grpo` through its CLI entry point; per-step timings from its metrics.jsonl."""
+def train_rmkit(spec: dict, clock: harness.PhaseClock) -> list[float]:
+    """`rmkit grpo` through its CLI entry point, its phases on `clock` (the recipe's module attributes wrapped);
+    returns each step's completion tokens, from its metrics.jsonl."""
     import yaml
 
     from rmkit.cli import main as rmkit_main
+    from rmkit.recipes import grpo
 
+    clock.watch_loaded(grpo)
+    grpo.generate_rollout = clock.timed(grpo.generate_rollout, "generation")
+    grpo.score_rollout = clock.timed(grpo.score_rollout, "reward_calculation")
+    grpo.batch_logprobs = clock.timed(grpo.batch_logprobs, "logprobs")
     out = Path(spec["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.yaml").write_text(yaml.safe_dump(rmkit_config(spec), sort_keys=False))
@@ -212,20 +204,18 @@ def train_rmkit(spec: dict) -> list[dict]:
     (out / "final").rename(spec["model_out"])
     records = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
     rollout = spec["prompts"] * spec["generations"]
-    return [{**{part: r[f"timing/train/{key}"] for part, key in RMKIT_TIMING.items()},
-             "generated_tokens": r["train/mean_gen_tokens_per_sample"] * rollout}
-            for r in records if "train/reward" in r]
+    return [r["train/mean_gen_tokens_per_sample"] * rollout for r in records if "train/reward" in r]
 
 
-def worker(spec_path: Path) -> None:
-    """One training run in this (fresh) process; writes its measurements to `spec["result_path"]`."""
-    spec = json.loads(spec_path.read_text())
-    torch.set_num_threads(spec["threads"])
-    start = time.perf_counter()
-    steps = {"trl": train_trl, "rmkit": train_rmkit}[spec["side"]](spec)
-    gpu = {"peak_gpu_mib": common.peak_gpu_mib()} if spec["device"] == "cuda" else {}
-    common.write_json(Path(spec["result_path"]), {"steps": steps, "run_s": time.perf_counter() - start,
-                                                  "peak_rss_mib": common.peak_rss_mib(), **gpu})
+def worker(spec: dict) -> dict:
+    """One training run in this (fresh) process; returns each optimizer step's seconds per phase and tokens."""
+    clock = harness.PhaseClock()
+    tokens = {"trl": train_trl, "rmkit": train_rmkit}[spec["side"]](spec, clock)
+    clock.close()
+    steps = [{**dict.fromkeys(PARTS, 0.0), **step} for step in clock.per_step()]
+    if len(tokens) != len(steps):
+        raise SystemExit(f"{len(steps)} optimizer steps timed, {len(tokens)} logged")
+    return {"steps": [{**step, "generated_tokens": n} for step, n in zip(steps, tokens)], **clock.memory}
 
 
 # ---------------------------------------------------------------- orchestration
@@ -276,27 +266,16 @@ def run_side(args, data: dict, side: str) -> dict:
             "device": args.device, "precision": args.precision,
             "policy_dir": data["policy_dir"], "reward_model": data["reward_model"],
             "prompts_file": data["prompts_file"], "out_dir": str(out_dir / "run"),
-            "model_out": str(out_dir / "model"), "result_path": str(out_dir / "result.json")}
-    (out_dir / "spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": str(common.REPO_ROOT), "OMP_NUM_THREADS": str(args.threads),
-           "TOKENIZERS_PARALLELISM": "false", **common.device_env(args.device)}
-    start = time.perf_counter()
-    with open(out_dir / "log.txt", "w") as log:  # streamed: a slow run can be watched
-        proc = subprocess.run([sys.executable, __file__, "worker", str(out_dir / "spec.json")], env=env,
-                              stdout=log, stderr=subprocess.STDOUT)
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        tail = (out_dir / "log.txt").read_text()[-3000:]
-        raise SystemExit(f"{side} run failed (log: {out_dir / 'log.txt'}):\n{tail}")
-    result = json.loads((out_dir / "result.json").read_text())
+            "model_out": str(out_dir / "model")}
+    result = harness.launch(__file__, spec, out_dir, args.device, f"{side} run")
     if len(result["steps"]) != args.steps:
         raise SystemExit(f"{side}: {len(result['steps'])} steps timed, {args.steps} expected")
-    result.update(side=side, wall_s=wall, model_dir=spec["model_out"],
+    result.update(side=side, model_dir=spec["model_out"],
                   **summarize_steps(result["steps"][args.warmup_steps:]))
     print(f"{side:>5}: {result['seconds_per_step']['total']:.2f} s/step ("
           + ", ".join(f"{p} {result['seconds_per_step'][p]:.2f}" for p in PARTS[:-1])
           + f"), {result['generated_tokens_per_s']:.1f} generated tokens/s, rss {result['peak_rss_mib']:.0f} MiB, "
-          f"wall {wall:.1f} s", flush=True)
+          f"wall {result['wall_s']:.1f} s", flush=True)
     return result
 
 
@@ -332,27 +311,23 @@ def held_out_reward(policy_dir: str, reward_model: str, prompts: list[list[dict]
 def markdown_table(payload: dict) -> str:
     head = ["side", "s/step", "generation", "scoring", "log-probs", "training", "gen tokens/s", "peak RSS (MiB)",
             "wall (s)", "held-out reward"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    held = payload["held_out_reward"]
+    held, rows = payload["held_out_reward"], []
     if "initial" in held:
-        lines.append("| initial policy |" + " |" * 8 + f" {held['initial']['mean']:.4f} |")
+        rows.append(["initial policy", *[""] * 8, f"{held['initial']['mean']:.4f}"])
     for r in payload["runs"]:
         s = r["seconds_per_step"]
-        cells = [r["side"], f"{s['total']:.2f}", f"{s['generation']:.2f}", f"{s['reward_calculation']:.2f}",
-                 f"{s['logprobs']:.2f}", f"{s['training']:.2f}", f"{r['generated_tokens_per_s']:.1f}",
-                 f"{r['peak_rss_mib']:.0f}", f"{r['wall_s']:.1f}",
-                 f"{held[r['side']]['mean']:.4f}" if r["side"] in held else "-"]
-        lines.append("| " + " | ".join(cells) + " |")
+        rows.append([r["side"], *(f"{s[p]:.2f}" for p in ("total", *PARTS[:-1])), f"{r['generated_tokens_per_s']:.1f}",
+                     f"{r['peak_rss_mib']:.0f}", f"{r['wall_s']:.1f}",
+                     f"{held[r['side']]['mean']:.4f}" if r["side"] in held else "-"])
     if "ratio_trl_over_rmkit" in payload:
         q = payload["ratio_trl_over_rmkit"]
-        lines.append(f"| **TRL / rmkit s/step** | **{q['total']:.2f}x** | {q['generation']:.2f}x | "
-                     f"{q['reward_calculation']:.2f}x | {q['logprobs']:.2f}x | {q['training']:.2f}x |" + " |" * 4)
-    return "\n".join(lines)
+        rows.append(["**TRL / rmkit s/step**", f"**{q['total']:.2f}x**", *(f"{q[p]:.2f}x" for p in PARTS[:-1])])
+    return harness.markdown(head, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if common.run_subcommand(argv, "grpo_vs_trl.py", worker, markdown_table):
+    if harness.subcommand(argv, "grpo_vs_trl.py", worker, markdown_table):
         return 0
     args = parse_args(argv)
     info = common.machine_info()

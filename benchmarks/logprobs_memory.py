@@ -118,11 +118,11 @@ def _measure(args, variant, vocab, dtype) -> dict[str, dict]:
 
 def markdown_table(results: list[dict]) -> str:
     """The BENCHMARKS.md table: one line per (vocab, dtype, mode), each variant relative to naive."""
-    lines = [
-        "| V | logits | mode | naive peak extra | chunked peak extra (ratio) | in-place peak extra (ratio) "
-        "| naive time | chunked time (ratio) | in-place time (ratio) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
+    from benchmarks.harness import markdown
+
+    head = ["V", "logits", "mode", "naive peak extra", "chunked peak extra (ratio)", "in-place peak extra (ratio)",
+            "naive time", "chunked time (ratio)", "in-place time (ratio)"]
+    rows = []
     for naive, chunked, inplace in zip(results[0::3], results[1::3], results[2::3]):
         cells = [f"{naive['vocab']}", f"{naive['dtype']} {naive['shape']}", naive["mode"]]
         cells.append(f"{naive['peak_extra_mib']:.1f} MiB")
@@ -132,8 +132,8 @@ def markdown_table(results: list[dict]) -> str:
         cells.append(f"{naive['time_s']:.3f} s")
         for row in (chunked, inplace):
             cells.append(f"{row['time_s']:.3f} s ({row['time_s'] / naive['time_s']:.2f})")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return markdown(head, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

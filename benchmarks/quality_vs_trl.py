@@ -36,7 +36,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import common, train_vs_trl  # noqa: E402
+from benchmarks import common, harness, train_vs_trl  # noqa: E402
 
 DEFAULT_VARIANTS = "trl,rmkit,random_batches:data.batching=random"
 
@@ -165,15 +165,15 @@ def summarize(runs: list[dict], files: list[str]) -> dict:
 def markdown_table(payload: dict) -> str:
     files = payload["files"]
     head = ["variant", "pairs/s"] + [f"{f}: mean ± std (per seed)" for f in files] + [f"{f}: vs TRL (paired SE)" for f in files]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for label, row in payload["summary"].items():
         cells = [label, f"{row['pairs_per_s']:.2f}"]
         cells += [f"{row[f]['mean']:.1%} ± {row[f]['std']:.1%} ({', '.join(f'{a:.1%}' for a in row[f]['accuracy'])})"
                   for f in files]
         cells += [f"{row['vs_trl'][f]['mean_difference']:+.1%} ({row['vs_trl'][f]['standard_error']:.1%})"
                   if "vs_trl" in row else "-" for f in files]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(cells)
+    return harness.markdown(head, rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common, harness  # noqa: E402
 
 # name: overrides of configs/rm.yaml ("recipe" changes nothing). MiniLM settings name their epochs so that a
 # result does not depend on the epoch count the YAML had when it ran (1 until the sweep of 2026-11-23 chose 2);
@@ -115,17 +115,9 @@ def held_out_accuracy(args: argparse.Namespace, model_dir: str) -> dict[str, flo
 
 
 def markdown_table(payload: dict) -> str:
-    lines = [
-        "| setting | overrides of configs/rm.yaml | acc HH val | acc PandaLM | wall (s) |",
-        "|---|---|---|---|---|",
-    ]
-    for name, run in payload["runs"].items():
-        acc = run["accuracy"]
-        lines.append(
-            f"| {name} | {' '.join(run['overrides']) or '-'} | {100 * acc[EVAL_FILES[0]]:.1f}% "
-            f"| {100 * acc[EVAL_FILES[1]]:.1f}% | {run['wall_s']:.0f} |"
-        )
-    return "\n".join(lines)
+    rows = [[name, " ".join(run["overrides"]) or "-", f"{100 * run['accuracy'][EVAL_FILES[0]]:.1f}%",
+             f"{100 * run['accuracy'][EVAL_FILES[1]]:.1f}%", f"{run['wall_s']:.0f}"] for name, run in payload["runs"].items()]
+    return harness.markdown(["setting", "overrides of configs/rm.yaml", "acc HH val", "acc PandaLM", "wall (s)"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:

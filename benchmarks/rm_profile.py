@@ -4,7 +4,8 @@
 packaged weights when given), once per precision, each in a fresh subprocess, for `--warmup-steps` +
 `--timed-steps` + `--active-steps` optimizer steps. Per precision:
 
-- `seconds_per_step`: the `--timed-steps` after the warmup, without the profiler, CUDA synchronized at both ends;
+- `seconds_per_step`: the `--timed-steps` after the warmup, without the profiler, on the harness clock (from the
+  end of the last warmup step to the end of the last timed one, `benchmarks/harness.py`);
 - then `--active-steps` under torch.profiler (CPU, and CUDA on a GPU), per step: kernel launches (the CUDA
   runtime's launch calls), memcpy and synchronize calls, aten ops dispatched, the GPU's busy time (the sum of
   the kernels' self time; far below the step time = the GPU waits on the CPU, launch-bound), and the top ops by
@@ -18,18 +19,12 @@ The JSON (`--output`) holds the numbers, a `.txt` beside it the profiler's table
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
-
-from benchmarks import common  # noqa: E402
+from benchmarks import common, harness  # noqa: E402
 
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
 # CUDA runtime / driver calls counted per step, by a substring of their profiler name.
@@ -62,29 +57,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 class ProfiledSteps:
-    """Counts torch optimizer steps (not accelerate-style wrappers): times steps warmup..warmup+timed, then runs
-    the profiler over the next `active` steps."""
+    """The profiler over the `active` torch optimizer steps after `warmup` + `timed` ones, started and stopped by
+    the harness clock's step callback (its reading has waited for the last step's kernels)."""
 
     def __init__(self, warmup: int, timed: int, active: int, cuda: bool) -> None:
         from torch.profiler import ProfilerActivity, profile
 
-        self.warmup, self.timed, self.active, self.steps = warmup, timed, active, 0
-        self.t0 = self.t1 = None
-        activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
-        self.profiler = profile(activities=activities)
-        register_optimizer_step_post_hook(self._on_step)
+        self.start, self.stop = warmup + timed, warmup + timed + active
+        self.profiler = profile(activities=[ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])])
 
-    def _on_step(self, optimizer, *_) -> None:
-        if not type(optimizer).__module__.startswith("torch."):
-            return
-        self.steps += 1
-        if self.steps == self.warmup:
-            self.t0 = common.synchronized_time()
-        elif self.steps == self.warmup + self.timed:
-            self.t1 = common.synchronized_time()
+    def __call__(self, steps: int) -> None:
+        if steps == self.start:
             self.profiler.start()
-        elif self.steps == self.warmup + self.timed + self.active:
-            common.synchronized_time()  # the last step's kernels belong to the profile
+        elif steps == self.stop:
             self.profiler.stop()
 
 
@@ -114,26 +99,27 @@ def summarize_profile(profiler, active: int) -> dict:
     return summary
 
 
-def worker(spec_path: Path) -> None:
-    """One profiled `rmkit train` in this (fresh) process; its numbers go to `spec["result_path"]`."""
+def worker(spec: dict) -> dict:
+    """One profiled `rmkit train` in this (fresh) process; returns its numbers."""
     from rmkit.cli import main as rmkit_main
 
-    spec = json.loads(spec_path.read_text())
-    torch.set_num_threads(spec["threads"])
-    steps = ProfiledSteps(spec["warmup"], spec["timed"], spec["active"], spec["device"] == "cuda")
+    profiled = ProfiledSteps(spec["warmup"], spec["timed"], spec["active"], spec["device"] == "cuda")
+    clock = harness.PhaseClock(on_step=profiled)
+    clock.watch()
     status = rmkit_main(["train", "--config", str(common.REPO_ROOT / "configs" / "rm.yaml"), *spec["overrides"]])
+    clock.close()
     if status != 0:
         raise SystemExit(f"rmkit train exited with status {status}")
-    if steps.t1 is None or steps.steps < spec["warmup"] + spec["timed"] + spec["active"]:
-        raise SystemExit(f"only {steps.steps} optimizer steps: the data holds too few batches")
-    averages = steps.profiler.key_averages()
+    if len(clock.step_ends) < profiled.stop:
+        raise SystemExit(f"only {len(clock.step_ends)} optimizer steps: the data holds too few batches")
+    seconds = clock.span(after_step=spec["warmup"], until_step=profiled.start)
+    averages = profiled.profiler.key_averages()
     sort = "self_cuda_time_total" if spec["device"] == "cuda" else "self_cpu_time_total"
     tables = (f"sorted by {sort}\n{averages.table(sort_by=sort, row_limit=TOP)}\n"
               f"sorted by self_cpu_time_total\n{averages.table(sort_by='self_cpu_time_total', row_limit=TOP)}")
-    result = {"seconds_per_step": (steps.t1 - steps.t0) / spec["timed"], "timed_steps": spec["timed"],
-              "profiled_steps": spec["active"], **summarize_profile(steps.profiler, spec["active"]),
-              "peak_gpu_mib": common.peak_gpu_mib(), "tables": tables}
-    common.write_json(Path(spec["result_path"]), result)
+    return {"seconds_per_step": seconds / spec["timed"], "timed_steps": spec["timed"],
+            "profiled_steps": spec["active"], **summarize_profile(profiled.profiler, spec["active"]),
+            **clock.memory, "tables": tables}
 
 
 # ---------------------------------------------------------------- orchestration
@@ -151,22 +137,13 @@ def run_precision(args: argparse.Namespace, precision: str) -> dict:
         f"policy.precision={PRECISIONS[precision]}", f"policy.num_threads={args.threads}",
         *([f"policy.model_name={args.backbone}"] if args.backbone else []), *args.override]
     spec = {"device": args.device, "threads": args.threads, "warmup": args.warmup_steps, "timed": args.timed_steps,
-            "active": args.active_steps, "overrides": overrides, "result_path": str(run_dir / "result.json")}
-    (run_dir / "spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(common.REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
-           "OMP_NUM_THREADS": str(args.threads), "TOKENIZERS_PARALLELISM": "false", **common.device_env(args.device)}
-    with open(run_dir / "log.txt", "w") as log:
-        proc = subprocess.run([sys.executable, __file__, "worker", str(run_dir / "spec.json")], env=env,
-                              stdout=log, stderr=subprocess.STDOUT)
-    if proc.returncode:
-        raise SystemExit(f"{precision} profile failed (log: {run_dir / 'log.txt'}):\n"
-                         f"{(run_dir / 'log.txt').read_text()[-3000:]}")
-    return json.loads((run_dir / "result.json").read_text())
+            "active": args.active_steps, "overrides": overrides}
+    return harness.launch(__file__, spec, run_dir, args.device, f"{precision} profile")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if common.run_subcommand(argv, "rm_profile.py", worker):
+    if harness.subcommand(argv, "rm_profile.py", worker):
         return 0
     args = parse_args(argv)
     results = {p: run_precision(args, p) for p in args.precision}

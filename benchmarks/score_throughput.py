@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common, harness  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -117,17 +117,14 @@ def time_cli(model_dir: Path, data: Path, threads: int, max_length: int) -> floa
 
 def markdown_table(payload: dict) -> str:
     """The results as the BENCHMARKS.md table (pairs/s, seconds and MFU per setting, then the ratio)."""
-    lines = ["| setting | seconds | pairs/s | MFU |", "|---|---|---|---|"]
-    for name, value in payload["results"].items():
-        if isinstance(value, dict):
-            mfu = f"{100 * value['mfu']:.1f}%" if "mfu" in value else ""
-            lines.append(f"| {name} | {value['seconds']:.2f} | {value['pairs_per_s']:.1f} | {mfu} |")
-    ratio = payload["results"]["ratio_rmkit_over_best_pipeline"]
-    lines.append(f"| **rmkit / best pipeline** | | **{ratio:.2f}x** | |")
+    rows = [[name, f"{value['seconds']:.2f}", f"{value['pairs_per_s']:.1f}",
+             f"{100 * value['mfu']:.1f}%" if "mfu" in value else ""]
+            for name, value in payload["results"].items() if isinstance(value, dict)]
+    rows.append(["**rmkit / best pipeline**", "", f"**{payload['results']['ratio_rmkit_over_best_pipeline']:.2f}x**", ""])
     if "ceiling_pairs_per_s" in payload:
-        lines.append(f"| {payload.get('precision', 'fp32')} matmul peak, all FLOPs useful (ceiling) | | "
-                     f"{payload['ceiling_pairs_per_s']:.1f} | 100% |")
-    return "\n".join(lines)
+        rows.append([f"{payload.get('precision', 'fp32')} matmul peak, all FLOPs useful (ceiling)", "",
+                     f"{payload['ceiling_pairs_per_s']:.1f}", "100%"])
+    return harness.markdown(["setting", "seconds", "pairs/s", "MFU"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:

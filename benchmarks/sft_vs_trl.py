@@ -7,70 +7,46 @@ settings (max length 256, global batch 8 as micro 4 x accumulation 2, AdamW lr 1
 constant schedule, grad clip 1.0, one epoch, float32, dropout off, 2 torch threads, no evaluation, no
 checkpoints). Each run is a fresh subprocess; repeats alternate which side goes first.
 
-Train time runs from the first training-mode forward of the input embeddings to the end of the last optimizer
-step (loading, tokenization and saving excluded), measured by the same global hooks in both trainers;
-tokens/s = the real (non-padding) tokens of the epoch / train time.
+Train time is the harness clock's `training` (`benchmarks/harness.py`), hooked the same way in both trainers on
+the input embeddings and every optimizer step: from the first training forward (train mode, grad enabled) to the
+end of the last optimizer step (loading, tokenization and saving excluded); tokens/s = the real (non-padding)
+tokens of the epoch / train time. Peak RSS (and GPU memory) are the process's peaks at the last optimizer step.
 
-`--device cuda` runs both trainers on the GPU and records each run's peak GPU memory; the clocks synchronize CUDA
+`--device cuda` runs both trainers on the GPU and records each run's peak GPU memory; the clock synchronizes CUDA
 before reading the time. `--precision bf16` is bf16 autocast over float32 weights on both sides (TRL `bf16=True`,
-rmkit `policy.precision=bfloat16`). `--warmup-epochs N` trains N untimed epochs first; the clock then starts at
-the end of their last optimizer step, and tokens/s is the last epoch's tokens over its seconds.
+rmkit `policy.precision=bfloat16`). `--warmup-epochs N` trains N untimed epochs first; train time then starts
+at the end of their last optimizer step, and tokens/s is the last epoch's tokens over its seconds.
 
     python benchmarks/sft_vs_trl.py --sequences 48 --repeats 1
     python benchmarks/sft_vs_trl.py --device cuda --precision bf16 --warmup-epochs 1 --threads 8 --sequences 128
+    python benchmarks/sft_vs_trl.py table benchmarks/results/sft_vs_trl.json
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common, harness  # noqa: E402
 
 MAX_LENGTH, GLOBAL, MICRO, LR, THREADS = 256, 8, 4, 1e-5, 2
 PRECISIONS = {"fp32": "float32", "bf16": "bfloat16"}
-TIMES: dict[str, float] = {}
 
 
-def install_timers(model: torch.nn.Module, warmup_steps: int = 0) -> None:
-    """`start`: the first training forward, or with `warmup_steps` the end of that many optimizer steps; `end`:
-    the last optimizer step. Each reading waits for queued CUDA work."""
-    steps = [0]
-
-    def first_forward(module, args):
-        if module.training and "start" not in TIMES and not warmup_steps:
-            TIMES["start"] = common.synchronized_time()
-
-    def step_end(optimizer, *_):
-        if not type(optimizer).__module__.startswith("torch."):  # a wrapper (accelerate's) forwarding to torch's
-            return
-        TIMES["end"] = common.synchronized_time()
-        steps[0] += 1
-        if steps[0] == warmup_steps:
-            TIMES["start"] = TIMES["end"]
-
-    model.get_input_embeddings().register_forward_pre_hook(first_forward)
-    register_optimizer_step_post_hook(step_end)
-
-
-def train_trl(spec: dict) -> None:
+def train_trl(spec: dict, clock: harness.PhaseClock) -> None:
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=torch.float32)  # master weights
     tokenizer = AutoTokenizer.from_pretrained(spec["model"])
-    install_timers(model, spec["warmup_steps"])
+    clock.watch(model)
     rows = json.loads(Path(spec["data"]).read_text())
     dataset = Dataset.from_list([{"input_ids": r["input_ids"], "assistant_masks": r["token_mask"]} for r in rows])
     args = SFTConfig(output_dir=spec["out"], per_device_train_batch_size=MICRO, gradient_accumulation_steps=GLOBAL // MICRO,
@@ -82,19 +58,12 @@ def train_trl(spec: dict) -> None:
     SFTTrainer(model=model, args=args, train_dataset=dataset, processing_class=tokenizer).train()
 
 
-def train_rmkit(spec: dict) -> None:
+def train_rmkit(spec: dict, clock: harness.PhaseClock) -> None:
     from rmkit.config import load_config
     from rmkit.recipes import sft
     from rmkit.recipes.configs import SFTTree
 
-    original = sft.load_training_policy
-
-    def load_timed_policy(policy, device):
-        model, tokenizer = original(policy, device)
-        install_timers(model, spec["warmup_steps"])
-        return model, tokenizer
-
-    sft.load_training_policy = load_timed_policy
+    clock.watch_loaded(sft)
     overrides = [f"policy.model_name={spec['model']}", f"data.train_data_path={spec['jsonl']}", "data.val_data_paths={}",
                  f"checkpointing.checkpoint_dir={spec['out']}", "checkpointing.enabled=false",
                  f"policy.train_global_batch_size={GLOBAL}", f"policy.train_micro_batch_size={MICRO}",
@@ -106,15 +75,13 @@ def train_rmkit(spec: dict) -> None:
     sft.train(load_config(None, overrides, tree_type=SFTTree))
 
 
-def worker(spec_path: Path) -> None:
-    spec = json.loads(spec_path.read_text())
-    torch.set_num_threads(spec["threads"])
+def worker(spec: dict) -> dict:
+    """One training run in this (fresh) process; returns its measurements."""
     torch.manual_seed(42)
-    (train_trl if spec["side"] == "trl" else train_rmkit)(spec)
-    result = {"train_s": TIMES["end"] - TIMES["start"], "peak_rss_mib": common.peak_rss_mib()}
-    if spec["device"] == "cuda":
-        result["peak_gpu_mib"] = common.peak_gpu_mib()
-    Path(spec["result"]).write_text(json.dumps(result))
+    clock = harness.PhaseClock()
+    (train_trl if spec["side"] == "trl" else train_rmkit)(spec, clock)
+    clock.close()
+    return {"train_s": clock.span(after_step=spec["warmup_steps"]), **clock.memory}
 
 
 def prepare(work: Path, sequences: int, policy: str, data_dir: Path) -> dict:
@@ -137,25 +104,24 @@ def prepare(work: Path, sequences: int, policy: str, data_dir: Path) -> dict:
 def run(side: str, data: dict, work: Path, repeat: int, packing: bool, settings: dict) -> dict:
     """One run in a fresh subprocess; `settings`: threads, device, precision, warmup_epochs."""
     name = f"{side}{'-packed' if packing else ''}-{repeat}"
-    spec = {**data, "side": side, "packing": packing, "out": str(work / name), "result": str(work / f"{name}.json"),
+    spec = {**data, "side": side, "packing": packing, "out": str(work / name / "out"),
             "threads": settings["threads"], "device": settings["device"], "precision": settings["precision"],
             "epochs": settings["warmup_epochs"] + 1, "warmup_steps": settings["warmup_epochs"] * data["sequences"] // GLOBAL}
-    (work / f"{name}.spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "OMP_NUM_THREADS": str(settings["threads"]),
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1]), **common.device_env(settings["device"])}
-    start = time.perf_counter()
-    proc = subprocess.run([sys.executable, __file__, "worker", str(work / f"{name}.spec.json")], env=env,
-                          capture_output=True, text=True)
-    if proc.returncode:
-        raise SystemExit(f"{name} failed:\n{proc.stderr[-4000:]}")
-    result = json.loads(Path(spec["result"]).read_text())
-    return {"run": name, **result, "wall_s": time.perf_counter() - start,
-            "tokens_per_s": data["tokens"] / result["train_s"]}
+    result = harness.launch(__file__, spec, work / name, settings["device"], name)
+    return {"run": name, **result, "tokens_per_s": data["tokens"] / result["train_s"]}
+
+
+def markdown_table(payload: dict) -> str:
+    """One row per run: tokens/s, train and wall seconds, peak RSS, and tokens/s over the first TRL run's."""
+    trl = next((r["tokens_per_s"] for r in payload["runs"] if r["run"].startswith("trl")), None)
+    rows = [[r["run"], f"{r['tokens_per_s']:.1f}", f"{r['train_s']:.1f}", f"{r['wall_s']:.1f}",
+             f"{r['peak_rss_mib']:.0f}", f"{r['tokens_per_s'] / trl:.2f}x" if trl else "-"] for r in payload["runs"]]
+    return harness.markdown(["run", "tokens/s", "train (s)", "wall (s)", "peak RSS (MiB)", "tokens/s over TRL"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if common.run_subcommand(argv, "sft_vs_trl.py", worker):
+    if harness.subcommand(argv, "sft_vs_trl.py", worker, markdown_table):
         return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--policy", default="smollm2", help="a causal LM directory (GGUF too) or smollm2")
@@ -185,9 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                **extra},
                "data": {k: data[k] for k in ("sequences", "tokens", "trained_tokens")}, "runs": runs}
     common.write_json(args.output, payload)
-    for r in runs:
-        print(f"{r['run']:<16} {r['tokens_per_s']:8.1f} tokens/s  train {r['train_s']:7.1f} s  "
-              f"peak RSS {r['peak_rss_mib']:7.0f} MiB")
+    print(markdown_table(payload))
     return 0
 
 

@@ -7,12 +7,12 @@ decay 0.01 except biases and norms, cosine schedule after ceil(5% of steps) warm
 one epoch, dropout off: configs/rm.yaml's recipe), the same thread count. Each run is a fresh subprocess,
 and repeats alternate which side goes first to cancel drift. For every run it records:
 
-- train time: from the first training forward to the end of the last optimizer step, measured by the same
-  global hooks in both trainers (model loading, tokenization and saving are outside it; `wall_s` is the
-  whole subprocess);
+- train time: the harness clock's `training` (`benchmarks/harness.py`, hooked on every word-embedding table and
+  every optimizer step, the same in both trainers): from the first training forward to the end of the last
+  optimizer step (model loading, tokenization and saving are outside it; `wall_s` is the whole subprocess);
 - pairs/s and real (non-padding) tokens/s over that time (real tokens: both sides of every pair in full), the
   tokens that went through the word embeddings per real token (above 1: padding; below 1: tokens computed
-  once for both sides, a decoder's shared prompt), and the peak RSS of the subprocess;
+  once for both sides, a decoder's shared prompt), and the subprocess's peak RSS up to its last optimizer step;
 - held-out pairwise accuracy of the saved model, scored for both by the same code: scoring goes through the
   inference core, `rmkit.inference` (`load_scorer` on the saved directory at `--max-length`, `encode_pairs`
   with each side of a pair cut on its own, `score_ids`, float32);
@@ -20,9 +20,10 @@ and repeats alternate which side goes first to cancel drift. For every run it re
   run for that precision.
 
 `--device cuda` runs both trainers on the GPU (TRL without `use_cpu`; rmkit takes CUDA when it sees it) and adds
-each run's peak GPU memory (`torch.cuda.max_memory_allocated`); the clocks synchronize CUDA before they read
-the time. `--warmup-epochs N` trains N more epochs first and starts the clock at the end of their last optimizer
-step, so first-call costs (kernel selection, allocator growth) stay out of the timed epochs.
+each run's peak GPU memory (`torch.cuda.max_memory_allocated`, up to the last optimizer step); the clock
+synchronizes CUDA before it reads the time. `--warmup-epochs N` trains N more epochs first and times from the end
+of their last optimizer step, so first-call costs (kernel selection, allocator growth) stay out of the timed
+epochs.
 
     python benchmarks/train_vs_trl.py                                  # MiniLM, all 1504 pairs, fp32 and bf16
     python benchmarks/train_vs_trl.py --pairs 256 --repeats 3 --precision fp32
@@ -35,19 +36,15 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import shutil
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from torch.optim.optimizer import register_optimizer_step_post_hook  # noqa: E402
 
-from benchmarks import common  # noqa: E402
+from benchmarks import common, harness  # noqa: E402
 
 WORKLOADS = {
     # name: (backbone, default train pairs, default held-out pairs per file, default held-out files)
@@ -136,53 +133,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-# ---------------------------------------------------------------- measurement inside a training process
-
-
-class StepClock:
-    """Times a training run from the outside through global hooks, identically for any trainer.
-
-    `start` is the first forward of a word-embedding table in training mode with grad enabled (or, with
-    `warmup_steps`, the end of that many optimizer steps), `end` the last optimizer step; `computed_tokens`
-    counts every id (padding included) those forwards embedded. CUDA is synchronized before each reading.
-    """
-
-    def __init__(self, warmup_steps: int = 0) -> None:
-        self.start: float | None = None
-        self.end: float | None = None
-        self.steps = 0
-        self.warmup_steps = warmup_steps
-        self.computed_tokens = 0
-        self._handles = [
-            torch.nn.modules.module.register_module_forward_pre_hook(self._on_forward),
-            register_optimizer_step_post_hook(self._on_step),
-        ]
-
-    def _on_forward(self, module, inputs) -> None:
-        # Word tables only (position and token-type tables are small); eval forwards run without grad.
-        if not isinstance(module, torch.nn.Embedding) or module.num_embeddings < 1024:
-            return
-        if module.training and torch.is_grad_enabled() and inputs and isinstance(inputs[0], torch.Tensor):
-            if not self.warmup_steps:
-                self.start = self.start or common.synchronized_time()
-            self.computed_tokens += inputs[0].numel()
-
-    def _on_step(self, optimizer, args, kwargs) -> None:
-        # Wrappers (accelerate's AcceleratedOptimizer) forward to a torch optimizer: count that one only.
-        if type(optimizer).__module__.startswith("torch."):
-            self.steps += 1
-            self.end = common.synchronized_time()
-            if self.steps == self.warmup_steps:
-                self.start = self.end
-
-    def close(self) -> dict:
-        for handle in self._handles:
-            handle.remove()
-        return {
-            "train_s": (self.end - self.start) if self.start and self.end else None,
-            "optimizer_steps": self.steps,
-            "computed_tokens": self.computed_tokens,
-        }
+# ---------------------------------------------------------------- inside a training process
 
 
 def train_trl(spec: dict) -> None:
@@ -278,13 +229,13 @@ def train_rmkit(spec: dict) -> None:
     shutil.move(str(Path(spec["out_dir"]) / "final"), spec["model_out"])
 
 
-def worker(spec_path: Path) -> None:
-    """One training run in this (fresh) process; writes its measurements to `spec["result_path"]`."""
-    spec = json.loads(spec_path.read_text())
+def worker(spec: dict) -> dict:
+    """One training run in this (fresh) process, timed by the harness clock on every word-embedding table (the
+    rmkit side may come from another checkout, run through its CLI); returns its measurements."""
     if spec["rmkit_src"]:  # another rmkit checkout (a before/after comparison) wins over this one
         sys.path.insert(0, spec["rmkit_src"])
-    torch.set_num_threads(spec["threads"])
-    clock = StepClock(spec["warmup_steps_untimed"])
+    clock = harness.PhaseClock()
+    clock.watch()
     train = {"trl": train_trl, "rmkit": train_rmkit}[spec["side"]]
     if spec["profile"]:
         from torch.profiler import ProfilerActivity, profile
@@ -294,14 +245,12 @@ def worker(spec_path: Path) -> None:
             train(spec)
         table = prof.key_averages().table(sort_by="self_cuda_time_total" if cuda else "self_cpu_time_total",
                                           row_limit=20)
-        Path(spec["result_path"]).with_name("profile.txt").write_text(table)
+        (Path(spec["out_dir"]).parent / "profile.txt").write_text(table)
     else:
         train(spec)
-    result = clock.close()
-    result["peak_rss_mib"] = common.peak_rss_mib()
-    if spec["device"] == "cuda":
-        result["peak_gpu_mib"] = common.peak_gpu_mib()
-    common.write_json(Path(spec["result_path"]), result)
+    clock.close()
+    return {"train_s": clock.span(after_step=spec["warmup_steps_untimed"]), "optimizer_steps": len(clock.step_ends),
+            "computed_tokens": clock.training_tokens, **clock.memory}
 
 
 # ---------------------------------------------------------------- orchestration
@@ -361,38 +310,15 @@ def run_once(args, data: dict, side: str, precision: str, repeat: int) -> dict:
         "train_tokens": data["train_tokens"],
         "out_dir": str(out_dir / "run"),
         "model_out": str(out_dir / "model"),
-        "result_path": str(out_dir / "result.json"),
         "rmkit_src": str(args.rmkit_src) if args.rmkit_src else None,
         "profile": args.profile,
     }
-    (out_dir / "spec.json").write_text(json.dumps(spec))
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(common.REPO_ROOT),
-        "OMP_NUM_THREADS": str(args.threads),
-        "TOKENIZERS_PARALLELISM": "false",
-        **common.device_env(args.device),
-    }
-    start = time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, __file__, "worker", str(out_dir / "spec.json")],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    wall = time.perf_counter() - start
-    (out_dir / "log.txt").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        raise SystemExit(
-            f"{side} {precision} run failed (log: {out_dir / 'log.txt'}):\n{proc.stderr[-3000:]}"
-        )
-    result = json.loads((out_dir / "result.json").read_text())
+    result = harness.launch(__file__, spec, out_dir, args.device, f"{side} {precision} run")
     train_s = result["train_s"]
     result.update(
         side=side,
         precision=precision,
         repeat=repeat,
-        wall_s=wall,
         pairs_per_s=args.epochs * data["num_pairs"] / train_s,
         real_tokens_per_s=args.epochs * data["real_tokens"] / train_s,
         embedded_per_real=result["computed_tokens"] / (epochs * data["real_tokens"]),
@@ -405,7 +331,7 @@ def run_once(args, data: dict, side: str, precision: str, repeat: int) -> dict:
     shutil.rmtree(out_dir / "model", ignore_errors=True)
     print(
         f"{side:>5} {precision} #{repeat}: {result['pairs_per_s']:.2f} pairs/s, train {train_s:.1f} s, "
-        f"wall {wall:.1f} s, rss {result['peak_rss_mib']:.0f} MiB, "
+        f"wall {result['wall_s']:.1f} s, rss {result['peak_rss_mib']:.0f} MiB, "
         + " ".join(f"{k} {v:.4f}" for k, v in result.items() if k.startswith("accuracy/")),
         flush=True,
     )
@@ -450,7 +376,7 @@ def markdown_table(payload: dict) -> str:
                     for k in row[side] if k.startswith("accuracy/")})  # fmt: skip
     head = ["precision", "side", "pairs/s", "real tokens/s", "embedded / real", "peak RSS (MiB)", "train (s)",
             "wall (s)", "MFU", "runs"] + [f"acc {n.split('/')[1].split('_val')[0]}" for n in names]  # fmt: skip
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = []
     for precision, row in payload["summary"].items():
         for side in SIDES:
             if side in row:
@@ -458,19 +384,17 @@ def markdown_table(payload: dict) -> str:
                 cells = [precision, side, f"{r['pairs_per_s']:.2f}", f"{r['real_tokens_per_s']:.0f}",
                          f"{embedded_per_real(r):.2f}", f"{r['peak_rss_mib']:.0f}", f"{r['train_s']:.1f}",
                          f"{r['wall_s']:.1f}", f"{r['mfu']:.1%}", str(r["runs"])]  # fmt: skip
-                cells += [f"{r[n]:.1%}" if r.get(n) is not None else "-" for n in names]
-                lines.append("| " + " | ".join(cells) + " |")
+                rows.append(cells + [f"{r[n]:.1%}" if r.get(n) is not None else "-" for n in names])
         if "ratio_rmkit_over_trl" in row:
             q = row["ratio_rmkit_over_trl"]
-            cells = [precision, "**rmkit / TRL**", f"**{q['pairs_per_s']:.2f}x**", f"{q['real_tokens_per_s']:.2f}x",
-                     "", f"{q['peak_rss_mib']:.2f}x", "", f"{q['wall_s']:.2f}x", "", ""] + [""] * len(names)  # fmt: skip
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+            rows.append([precision, "**rmkit / TRL**", f"**{q['pairs_per_s']:.2f}x**", f"{q['real_tokens_per_s']:.2f}x",
+                         "", f"{q['peak_rss_mib']:.2f}x", "", f"{q['wall_s']:.2f}x"])  # fmt: skip
+    return harness.markdown(head, rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if common.run_subcommand(argv, "train_vs_trl.py", worker, markdown_table):
+    if harness.subcommand(argv, "train_vs_trl.py", worker, markdown_table):
         return 0
     args = parse_args(argv)
     info = common.machine_info()

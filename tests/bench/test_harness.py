@@ -1,4 +1,4 @@
-"""The benchmark harness: its timing hooks, its summary maths and a scoring-throughput smoke run."""
+"""The benchmark harness: its clock, its table writer, the summary maths and a scoring-throughput smoke run."""
 
 import json
 import os
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import common
-from benchmarks.train_vs_trl import StepClock, summarize
+from benchmarks import common, harness
+from benchmarks.train_vs_trl import summarize
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,22 +46,56 @@ def write_pairs(path: Path, n: int) -> Path:
     return path
 
 
-def test_step_clock_counts_only_training_forwards_and_torch_optimizer_steps():
+def test_clock_counts_only_training_forwards_and_torch_optimizer_steps():
     model = torch.nn.Sequential(torch.nn.Embedding(2048, 8), torch.nn.Linear(8, 1))
     optimizer = torch.optim.AdamW(model.parameters())
-    clock = StepClock()
+    clock = harness.PhaseClock()
+    clock.watch()  # every word-embedding table of the process
     for _ in range(3):
         model(torch.zeros(4, 5, dtype=torch.long)).sum().backward()
         optimizer.step()
     with torch.no_grad():  # an evaluation forward: not training work
         model.eval()
         model(torch.zeros(7, 5, dtype=torch.long))
-    result = clock.close()
+    seconds = clock.close()
     model.train()
-    model(torch.zeros(4, 5, dtype=torch.long))  # after close: the hooks are gone
-    assert result["optimizer_steps"] == 3
-    assert result["computed_tokens"] == 3 * 4 * 5
-    assert result["train_s"] > 0
+    model(torch.zeros(4, 5, dtype=torch.long)).sum().backward()
+    optimizer.step()  # after close: the hooks are gone
+    assert len(clock.step_ends) == 3 and clock.forwards == {"training": 3}
+    assert clock.training_tokens == 3 * 4 * 5
+    assert seconds["training"] == clock.span() > 0
+    assert clock.memory["peak_rss_mib"] > 0 and "peak_gpu_mib" not in clock.memory  # no CUDA used
+
+
+def test_clock_phases_on_a_hand_made_timeline(monkeypatch):
+    """Each reading of the clock returns the next integer, so every phase's seconds can be counted by hand:
+    hash 0-1, reference 2-3 (opened by the first forward), training 3 to the last step's end 5 (the reading at 6
+    that opens generation is not training), generation 6-7."""
+    readings = iter(range(100))
+    monkeypatch.setattr(common, "synchronized_time", lambda: float(next(readings)))
+    model = torch.nn.Sequential(torch.nn.Embedding(2048, 8), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    clock = harness.PhaseClock()
+    clock.watch(before_training="reference")
+    clock.timed(lambda: None, "weights_hash")()  # 0, 1
+    with torch.no_grad():
+        model(torch.zeros(1, 2, dtype=torch.long))  # 2: opens the reference
+    for _ in range(2):
+        model(torch.zeros(1, 2, dtype=torch.long)).sum().backward()  # 3: opens training (the second: no reading)
+        optimizer.step()  # 4, 5
+    clock.timed(lambda: None, "generation")()  # 6, 7
+    assert clock.close() == {"weights_hash": 1, "reference": 1, "training": 2, "generation": 1}  # close reads 8
+    assert clock.forwards == {"reference": 1, "training": 2}
+    assert clock.span() == 2 and clock.span(after_step=1) == 1 and clock.span(until_step=1) == 1
+    assert clock.per_step() == [{"weights_hash": 1, "reference": 1, "training": 1, "total": 4},
+                                {"weights_hash": 0, "reference": 0, "training": 1, "total": 1}]
+    with pytest.raises(SystemExit):
+        clock.span(after_step=2)  # no step after the last one
+
+
+def test_markdown_pads_short_rows_with_empty_cells():
+    assert harness.markdown(["a", "b", "c"], [["x"], [1, "", 3]]) == \
+        "| a | b | c |\n|---|---|---|\n| x | | |\n| 1 | | 3 |"
 
 
 def test_summarize_takes_medians_ratios_and_mfu():
