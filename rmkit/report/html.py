@@ -12,7 +12,7 @@ STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200p
 table{border-collapse:collapse;margin:0.6em 0 1.4em}th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th:first-child,td:first-child{text-align:left}th{background:#f2f2f2}.note{color:#666;font-size:0.9em}
 img{max-width:100%;display:block;margin:0.5em 0 1.5em}.partial{color:#555;font-size:0.9em}
-.grids{display:flex;flex-wrap:wrap;gap:1.2em}.grid td{text-align:center;min-width:5em}
+.grids{display:flex;flex-wrap:wrap;gap:1.2em}.grid td{text-align:center;min-width:4em}
 caption{text-align:left;font-size:0.9em;padding:2px 0}"""
 
 # Writes into the page how many figures decoded and how many script errors happened, so a headless browser
