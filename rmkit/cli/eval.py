@@ -2,7 +2,8 @@
 (loss, acc, reward means and std, num_pairs) of a model directory on a preference file.
 
 `rmkit eval --model DIR [--model DIR2 ...] --data FILE [--data FILE2 ...] --report OUT_DIR` writes a
-RewardBench-style report of every model on every file instead (`rmkit.report`)."""
+report of every model on every file instead (`rmkit.report`): pairs (RewardBench v1 and any preference
+layout), RewardBench 2 and RM-Bench files, each recognised from its first record (or `--layout`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import torch
 from rmkit.data import FORMATS, load_preference_data, write_rejects
 from rmkit.errors import ConfigError
 from rmkit.inference import RewardScorer, load_scorer
+from rmkit.report.layouts import LAYOUTS, detect_layout
 from rmkit.validation import pair_metrics
 
 
@@ -49,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data", required=True, action="append",
                         help="preference file (JSONL, JSON, Parquet) or HF dataset; repeat it with --report")
     parser.add_argument("--format", default="auto", choices=FORMATS, help="record format (default: sniffed)")
+    parser.add_argument("--layout", default="auto", choices=LAYOUTS,
+                        help="with --report: pairs (RewardBench v1 and the --format layouts), rewardbench2 "
+                             "(chosen/rejected lists, num_correct) or rm-bench (three styles each) for every "
+                             "--data file (default: recognised from each file's first record)")
     parser.add_argument("--prompt-key", default="prompt")
     parser.add_argument("--chosen-key", default="chosen")
     parser.add_argument("--rejected-key", default="rejected")
@@ -81,6 +87,10 @@ def report_skipped(args: argparse.Namespace, skipped: list) -> None:
 
 def evaluate(args: argparse.Namespace) -> dict:
     """The metrics of `args.model` on `args.data`."""
+    layout = detect_layout(args.data) if args.layout == "auto" else args.layout
+    if layout != "pairs":
+        raise ConfigError("--report", f"{args.data} is in the {layout} layout, whose scores need a report: "
+                                      "add --report OUT_DIR")
     scorer = load_for_inference(args)
     loaded = load_preference_data(args.data, **load_options(args))
     tokenized = scorer.encode_pairs(loaded.records)
@@ -99,7 +109,7 @@ def write_model_report(args: argparse.Namespace) -> dict:
     for key in ("top_disagreements", "calibration_bins"):
         if getattr(args, key) < 1:
             raise ConfigError(f"--{key.replace('_', '-')}", f"must be >= 1, got {getattr(args, key)}")
-    evalset = load_eval_set(args.data, **load_options(args))
+    evalset = load_eval_set(args.data, args.layout, **load_options(args))
     report_skipped(args, evalset.skipped)
     models = []
     for name, path in zip(model_names(args.model), args.model):
@@ -109,15 +119,34 @@ def write_model_report(args: argparse.Namespace) -> dict:
     return write_report(args.report, evalset, models, args.top_disagreements, args.calibration_bins)
 
 
+def benchmark_score(label: str, entry: dict) -> str:
+    """`RewardBench 2 0.6123`, or `RewardBench 2 incomplete (missing Ties; present subsets 0.5812)`."""
+    if entry["score"] is not None:
+        return f"{label} {entry['score']:.4f}"
+    if not entry["missing"]:
+        return f"{label}: no score"
+    present = f"; present {entry['present_score']:.4f}" if entry["present_score"] is not None else ""
+    return f"{label} incomplete (missing {', '.join(entry['missing'])}{present})"
+
+
 def print_report(report: dict, out_dir: str) -> None:
     for name, entry in report["models"].items():
+        parts = []
         overall = entry["overall"]
-        rewardbench = f", RewardBench {overall['rewardbench']:.4f}" if overall["rewardbench"] is not None else ""
-        incomplete = [s for s, v in entry["sections"].items() if not v["complete"]]
-        if incomplete:
-            rewardbench = f", RewardBench incomplete ({', '.join(incomplete)})"
-        print(f"{name}: accuracy {overall['accuracy']:.4f} on {overall['n']} pairs{rewardbench}, "
-              f"ECE {entry['calibration']['ece']:.4f}")
+        if overall is not None:
+            rewardbench = f", RewardBench {overall['rewardbench']:.4f}" if overall["rewardbench"] is not None else ""
+            incomplete = [s for s, v in entry["sections"].items() if not v["complete"]]
+            if incomplete:
+                rewardbench = f", RewardBench incomplete ({', '.join(incomplete)})"
+            parts.append(f"accuracy {overall['accuracy']:.4f} on {overall['n']} pairs{rewardbench}, "
+                         f"ECE {entry['calibration']['ece']:.4f}")
+        if "rewardbench_v2" in entry:
+            parts.append(benchmark_score("RewardBench 2", entry["rewardbench_v2"]))
+        if "rm_bench" in entry:
+            rm = entry["rm_bench"]
+            parts.append(benchmark_score("RM-Bench", rm) + (
+                f" (hard {rm['hard']:.4f}, normal {rm['normal']:.4f}, easy {rm['easy']:.4f})" if rm["complete"] else ""))
+        print(f"{name}: " + "; ".join(parts))
     print(f"report: {Path(out_dir) / 'report.html'}")
 
 

@@ -6,7 +6,9 @@
 
 Per subset: accuracy (strict `>`) with a Wilson 95% interval, ties, the "longer response wins" baseline,
 reward-length rank correlation, mean margin; RewardBench v1 sections and overall score when the subset
-names are RewardBench's (`rmkit.report.rewardbench`); calibration; agreement between models.
+names are RewardBench's (`rmkit.report.rewardbench`); calibration; agreement between models. Files in
+RewardBench 2's layout (`rmkit.report.rewardbench2`) and RM-Bench's (`rmkit.report.rmbench`) are recognised
+(`rmkit.report.layouts`) and scored as those benchmarks score them.
 """
 
 from rmkit.report.build import build_report, write_report

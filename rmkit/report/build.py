@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rmkit.report import rewardbench
+from rmkit.report import rewardbench, rewardbench2, rmbench
 from rmkit.report.metrics import agreement, calibration, most_disagreeing, pair_stats, sigmoid
 from rmkit.report.scoring import EvalSet, ModelScores
 
@@ -23,8 +23,23 @@ def subset_order(subsets: np.ndarray) -> list[str]:
 
 
 def model_report(evalset: EvalSet, scores: ModelScores, calibration_bins: int = 10) -> dict:
+    """One model's pair figures (`pair_report`), and `rewardbench_v2` / `rm_bench` when the data holds
+    those layouts."""
+    entry = {"path": scores.path, "truncated": scores.truncated, "truncated_texts": scores.truncated_texts}
+    if evalset.pairs:
+        entry.update(pair_report(evalset, scores, calibration_bins))
+    else:
+        entry.update({"subsets": {}, "sections": {}, "overall": None, "length_bias": None, "calibration": None})
+    if evalset.best_of:
+        entry["rewardbench_v2"] = rewardbench2.rewardbench2_scores(evalset.best_of, scores.best_of)
+    if evalset.styles:
+        entry["rm_bench"] = rmbench.rm_bench_scores(evalset.styles, scores.styles_chosen, scores.styles_rejected)
+    return entry
+
+
+def pair_report(evalset: EvalSet, scores: ModelScores, calibration_bins: int = 10) -> dict:
     """One model's `subsets`, `sections` (RewardBench's, when its subset names appear), `overall`,
-    `length_bias` and `calibration` (see `rmkit.report.metrics`)."""
+    `length_bias` and `calibration` (see `rmkit.report.metrics`) on the pairs."""
     lengths = (evalset.chosen_len, evalset.rejected_len)
     subsets = {}
     for name in subset_order(evalset.subsets):
@@ -38,8 +53,7 @@ def model_report(evalset: EvalSet, scores: ModelScores, calibration_bins: int = 
     overall = {key: pooled[key] for key in ("n", "accuracy", "ci95", "ties", "mean_margin")}
     overall["rewardbench"] = rewardbench.overall_score(sections) if sections else None
     length_bias = {key: pooled[key] for key in ("longer_wins_accuracy", "reward_length_spearman")}
-    return {"path": scores.path, "truncated": scores.truncated, "subsets": subsets, "sections": sections,
-            "overall": overall, "length_bias": {**length_bias, **pooled["length_split"]},
+    return {"subsets": subsets, "sections": sections, "overall": overall, "length_bias": {**length_bias, **pooled["length_split"]},
             "calibration": calibration(scores.chosen, scores.rejected, calibration_bins)}
 
 
@@ -50,7 +64,7 @@ def comparison(evalset: EvalSet, models: list[ModelScores], reports: dict[str, d
     side_by_side = {s: {m.name: reports[m.name]["subsets"][s]["accuracy"] for m in models}
                     for s in subset_order(evalset.subsets)}
     pairwise, rows = [], []
-    for a, b in combinations(models, 2):
+    for a, b in combinations(models if evalset.pairs else [], 2):
         margin_a, margin_b = a.chosen - a.rejected, b.chosen - b.rejected
         pairwise.append({"models": [a.name, b.name], **agreement(margin_a, margin_b)})
         for index, gap in most_disagreeing(margin_a, margin_b, top):
@@ -79,14 +93,46 @@ def score_rows(evalset: EvalSet, scores: ModelScores) -> list[dict]:
             for i, (c, r) in enumerate(zip(scores.chosen, scores.rejected))]
 
 
+def best_of_rows(evalset: EvalSet, scores: ModelScores) -> list[dict]:
+    """`scores-rewardbench2-<model>.jsonl`: every RewardBench 2 row's completion rewards (chosen first) and
+    its `result` (the 1/k rule; None in Ties, scored as a whole)."""
+    return [{"index": i, "subset": row.subset, "id": row.id, "source": row.source, "num_correct": row.num_correct,
+             "rewards": values.tolist(),
+             "result": None if rewardbench2.is_ties(row.subset) else rewardbench2.best_of_result(values)}
+            for i, (row, values) in enumerate(zip(evalset.best_of, scores.best_of))]
+
+
+def style_rows(evalset: EvalSet, scores: ModelScores) -> list[dict]:
+    """`scores-rm-bench-<model>.jsonl`: every RM-Bench row's rewards of its three chosen and three rejected
+    styles (`rmkit.report.rmbench.STYLES` order)."""
+    return [{"index": i, "domain": row.file_domain, "subset": row.subset, "id": row.id, "source": row.source,
+             "rewards_chosen": c.tolist(), "rewards_rejected": r.tolist()}
+            for i, (row, c, r) in enumerate(zip(evalset.styles, scores.styles_chosen, scores.styles_rejected))]
+
+
 def build_report(evalset: EvalSet, models: list[ModelScores], top_disagreements: int = 50,
                  calibration_bins: int = 10) -> tuple[dict, list[dict]]:
     """`report.json`'s object and the rows of `disagreements.jsonl` (none for one model)."""
     reports = {m.name: model_report(evalset, m, calibration_bins) for m in models}
-    report = {"data": evalset.paths, "num_pairs": len(evalset.pairs), "skipped": len(evalset.skipped),
-              "accuracy_rule": "r_chosen > r_rejected (a tie is wrong)",
+    report = {"data": evalset.paths, "layouts": evalset.layouts, "num_pairs": len(evalset.pairs),
+              "skipped": len(evalset.skipped), "accuracy_rule": "r_chosen > r_rejected (a tie is wrong)",
               "aggregation": rewardbench.SOURCE if rewardbench.is_rewardbench(evalset.subsets.tolist()) else None,
               "models": reports}
+    benchmarks = {}
+    if evalset.best_of:
+        benchmarks["rewardbench_v2"] = {"source": rewardbench2.SOURCE, "num_rows": len(evalset.best_of),
+                                        "baselines": rewardbench2.baselines(evalset.best_of)}
+    if evalset.styles:
+        benchmarks["rm_bench"] = {"source": rmbench.SOURCE, "num_rows": len(evalset.styles),
+                                  "styles": list(rmbench.STYLES)}
+    if benchmarks:
+        report["benchmarks"] = benchmarks
+    # The benchmarks' own leaderboard keys at the top, for the first model (the one under evaluation); every
+    # model's, side by side, stay under `models.<name>`.
+    first = models[0].name
+    for key in ("rewardbench_v2", "rm_bench"):
+        if key in reports[first]:
+            report[key] = {"model": first, **reports[first][key]}
     rows = []
     if len(models) > 1:
         report["comparison"], rows = comparison(evalset, models, reports, top_disagreements)
@@ -101,16 +147,22 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 def write_report(out_dir: str | Path, evalset: EvalSet, models: list[ModelScores], top_disagreements: int = 50,
                  calibration_bins: int = 10) -> dict:
-    """Write `report.json`, `report.html`, `scores-<model>.jsonl` per model and (two or more models)
-    `disagreements.jsonl` into `out_dir`; returns the report."""
+    """Write `report.json`, `report.html`, per model `scores-<model>.jsonl` (pairs),
+    `scores-rewardbench2-<model>.jsonl` and `scores-rm-bench-<model>.jsonl` (when the data holds those
+    layouts) and (two or more models, pairs) `disagreements.jsonl` into `out_dir`; returns the report."""
     from rmkit.report.html import render_html  # matplotlib is imported only here
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     report, rows = build_report(evalset, models, top_disagreements, calibration_bins)
     for scores in models:
-        _write_jsonl(out / f"scores-{scores.name}.jsonl", score_rows(evalset, scores))
-    if len(models) > 1:
+        if evalset.pairs:
+            _write_jsonl(out / f"scores-{scores.name}.jsonl", score_rows(evalset, scores))
+        if evalset.best_of:
+            _write_jsonl(out / f"scores-rewardbench2-{scores.name}.jsonl", best_of_rows(evalset, scores))
+        if evalset.styles:
+            _write_jsonl(out / f"scores-rm-bench-{scores.name}.jsonl", style_rows(evalset, scores))
+    if len(models) > 1 and evalset.pairs:
         _write_jsonl(out / DISAGREEMENTS_FILE, rows)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     (out / "report.html").write_text(render_html(report, evalset, models), encoding="utf-8")

@@ -11,7 +11,9 @@ from rmkit.report.scoring import EvalSet, ModelScores
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:0.6em 0 1.4em}th,td{border:1px solid #ccc;padding:3px 8px;text-align:right}
 th:first-child,td:first-child{text-align:left}th{background:#f2f2f2}.note{color:#666;font-size:0.9em}
-img{max-width:100%;display:block;margin:0.5em 0 1.5em}"""
+img{max-width:100%;display:block;margin:0.5em 0 1.5em}.partial{color:#555;font-size:0.9em}
+.grids{display:flex;flex-wrap:wrap;gap:1.2em}.grid td{text-align:center;min-width:4em}
+caption{text-align:left;font-size:0.9em;padding:2px 0}"""
 
 # Writes into the page how many figures decoded and how many script errors happened, so a headless browser
 # (tests/report/test_html.py) can check that the page renders.
@@ -45,20 +47,29 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 def headline(report: dict) -> str:
     sections = next(iter(report["models"].values()))["sections"]
     header = ["model", "pairs", "accuracy [95% CI]"] + ([_e(s) for s in sections] + ["RewardBench"] if sections else [])
-    header += ["ECE", "acc. chosen longer", "acc. chosen shorter", "truncated"]
+    header += ["ECE", "acc. chosen longer", "acc. chosen shorter", "pairs truncated"]
     rows = []
     for name, entry in report["models"].items():
         overall, bias = entry["overall"], entry["length_bias"]
         ci = overall["ci95"]
         row = [_e(name), str(overall["n"]), f"{pct(overall['accuracy'])} [{pct(ci[0])}, {pct(ci[1])}]"]
         if sections:
-            row += [pct(v["score"]) if v["complete"] else f"incomplete ({len(v['missing'])} missing)"
-                    for v in entry["sections"].values()]
+            row += [section_cell(v) for v in entry["sections"].values()]
             row.append(pct(overall["rewardbench"]) if overall["rewardbench"] is not None else "incomplete")
         row += [num(entry["calibration"]["ece"]), pct(bias["chosen_longer"]["accuracy"]),
                 pct(bias["chosen_shorter"]["accuracy"]), str(entry["truncated"])]
         rows.append(row)
     return table(header, rows)
+
+
+def section_cell(entry: dict, parts: str = "subsets") -> str:
+    """A score (`entry["score"]`), or, when `entry` lacks some of its `parts`, "incomplete (N missing)" with
+    the mean over the parts that are present beside it (a partial figure, not the benchmark's)."""
+    if entry["complete"]:
+        return pct(entry["score"])
+    partial = entry["present_score"]
+    shown = f"; present {parts}: {pct(partial)}" if partial is not None else ""
+    return f'incomplete ({len(entry["missing"])} missing)<span class="partial">{shown}</span>'
 
 
 def section_notes(report: dict) -> str:
@@ -87,7 +98,7 @@ def subset_table(name: str, entry: dict) -> str:
 
 def comparison_tables(report: dict) -> str:
     comparison = report.get("comparison")
-    if not comparison:
+    if not comparison or not report["num_pairs"]:
         return ""
     names = comparison["models"]
     side = table(["subset"] + [_e(n) for n in names],
@@ -106,27 +117,47 @@ def figure(title: str, png: bytes | None) -> str:
     return f'<h3>{_e(title)}</h3><img alt="{_e(title)}" src="data:image/png;base64,{data}">'
 
 
-def render_html(report: dict, evalset: EvalSet, models: list[ModelScores]) -> str:
-    """The whole page."""
+def pair_sections(report: dict, models: list[ModelScores]) -> list[str]:
+    """Headline, subsets, comparison and the four figures of the pairs."""
     figures = [("Accuracy per subset", plots.accuracy_by_subset(report)),
                ("Rewards: chosen vs rejected", plots.reward_histograms(models)),
                ("Reliability diagram", plots.reliability_diagram(report)),
                ("Length bias", plots.length_bias(report))]
+    return ["<h2>Headline</h2>", headline(report), section_notes(report),
+            "<h2>Subsets</h2>", *(subset_table(n, e) for n, e in report["models"].items()),
+            comparison_tables(report),
+            "<h2>Figures</h2>", *(figure(title, png) for title, png in figures),
+            '<p class="note">Length is counted in characters of the response. Confidence is '
+            "sigmoid(|r_chosen &minus; r_rejected|); ECE weighs each bin's |accuracy &minus; confidence| by its "
+            "pairs. Pairs truncated: pairs whose chosen or rejected input (prompt and response) was longer than "
+            "the model's max length in tokens and was cut, keeping its end.</p>"]
+
+
+def contents(report: dict, evalset: EvalSet) -> str:
+    what = [f"{report['num_pairs']} pairs"] if report["num_pairs"] else []
+    for key, label in (("rewardbench_v2", "RewardBench 2 prompts"), ("rm_bench", "RM-Bench prompts")):
+        if key in report.get("benchmarks", {}):
+            what.append(f"{report['benchmarks'][key]['num_rows']} {label}")
     skipped = f", {report['skipped']} records skipped" if report["skipped"] else ""
+    return (f"<p>{', '.join(what)} from {_e(', '.join(evalset.paths))}{skipped}. "
+            f"Accuracy: {_e(report['accuracy_rule'])}.</p>")
+
+
+def render_html(report: dict, evalset: EvalSet, models: list[ModelScores]) -> str:
+    """The whole page."""
+    from rmkit.report.html_bench import benchmark_sections  # it builds on this module's helpers
+
+    cut = {n: e["truncated_texts"] for n, e in report["models"].items() if e["truncated_texts"]}
+    cut_note = ("<p class=\"note\">Completions truncated to the model's max length (RewardBench 2 and RM-Bench): "
+                + ", ".join(f"{_e(n)} {c}" for n, c in cut.items()) + ".</p>") if cut else ""
     parts = [
         f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>rmkit eval report</title>"
         f"<style>{STYLE}</style><script>{CHECK_SCRIPT}</script></head><body>",
-        "<h1>Reward model report</h1>",
-        f"<p>{report['num_pairs']} pairs from {_e(', '.join(evalset.paths))}"
-        f"{skipped}. "
-        f"Accuracy: {_e(report['accuracy_rule'])}.</p>",
-        "<h2>Headline</h2>", headline(report), section_notes(report),
-        "<h2>Subsets</h2>", *(subset_table(n, e) for n, e in report["models"].items()),
-        comparison_tables(report),
-        "<h2>Figures</h2>", *(figure(title, png) for title, png in figures),
-        '<p class="note">Length is counted in characters of the response. Confidence is '
-        "sigmoid(|r_chosen &minus; r_rejected|); ECE weighs each bin's |accuracy &minus; confidence| by its "
-        'pairs. Files: report.json, scores-&lt;model&gt;.jsonl.</p><p class="note" id="render-check"></p>',
+        "<h1>Reward model report</h1>", contents(report, evalset),
+        *(pair_sections(report, models) if report["num_pairs"] else []),
+        benchmark_sections(report), cut_note,
+        '<p class="note">Files: report.json, scores-&lt;model&gt;.jsonl (pairs), scores-rewardbench2-&lt;model&gt;.jsonl, '
+        'scores-rm-bench-&lt;model&gt;.jsonl.</p><p class="note" id="render-check"></p>',
         "</body></html>",
     ]
     return "\n".join(parts)

@@ -1,5 +1,5 @@
-"""The pairs a report evaluates (several files, grouped by subset) and one model's rewards on them,
-scored through the inference core."""
+"""What a report evaluates (pairs grouped by subset; RewardBench 2 rows; RM-Bench rows), read from several
+files of any of those layouts, and one model's rewards on all of it, scored through the inference core."""
 
 from __future__ import annotations
 
@@ -10,14 +10,18 @@ from pathlib import Path
 import numpy as np
 
 from rmkit.data import PreferencePair, load_preference_data
-from rmkit.errors import DataError
+from rmkit.data.tokenize import canonical_input
+from rmkit.errors import ConfigError, DataError
 from rmkit.inference import RewardScorer
+from rmkit.report import rewardbench2, rmbench
+from rmkit.report.layouts import LAYOUTS, detect_layout, records_or_raise
 from rmkit.report.metrics import response_length
 
 
 @dataclass
 class EvalSet:
-    """Every pair of the data files in order, its subset, and the lengths of its two responses."""
+    """Every pair of the pair files in order, its subset, and the lengths of its two responses; the rows of
+    the RewardBench 2 files (`best_of`) and of the RM-Bench files (`styles`); each file's layout."""
 
     paths: list[str]
     pairs: list[PreferencePair]
@@ -25,17 +29,27 @@ class EvalSet:
     chosen_len: np.ndarray  # [N] characters
     rejected_len: np.ndarray  # [N]
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    best_of: list[rewardbench2.BestOfRow] = field(default_factory=list)
+    styles: list[rmbench.StyleRow] = field(default_factory=list)
+    layouts: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
 class ModelScores:
-    """One model's `[N]` chosen and rejected rewards (float64, the head's first output) on an `EvalSet`."""
+    """One model's rewards (float64, the head's first output) on an `EvalSet`: `[N]` chosen and rejected
+    of the pairs; per RewardBench 2 row its completions' `[n_i]` (chosen first); RM-Bench's `[M, 3]` chosen
+    and rejected styles. `truncated` counts pairs with a side cut to the model's max length,
+    `truncated_texts` the RewardBench 2 and RM-Bench completions cut."""
 
     name: str
     path: str
     chosen: np.ndarray
     rejected: np.ndarray
     truncated: int = 0
+    best_of: list[np.ndarray] = field(default_factory=list)
+    styles_chosen: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    styles_rejected: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    truncated_texts: int = 0
 
 
 def subset_of_file(path: str) -> str:
@@ -44,30 +58,61 @@ def subset_of_file(path: str) -> str:
     return name.split(".")[0] or name
 
 
-def load_eval_set(paths: list[str], **load_options) -> EvalSet:
-    """Pairs of every file (`load_preference_data(path, **load_options)`); a record's `subset` field names
-    its subset, else the file does (`subset_of_file`)."""
-    pairs, subsets, skipped = [], [], []
-    for path in paths:
-        loaded = load_preference_data(path, **load_options)
-        pairs.extend(loaded.records)
-        subsets.extend(p.subset or subset_of_file(path) for p in loaded.records)
-        skipped.extend(loaded.skipped)
-    if not pairs:
-        raise DataError(", ".join(map(str, paths)), None, None, "no pairs to evaluate")
-    lengths = np.array([[response_length(p.chosen), response_length(p.rejected)] for p in pairs])
+def load_eval_set(paths: list[str], layout: str = "auto", **load_options) -> EvalSet:
+    """Every file in its layout (`rmkit.report.layouts`: recognised from its first record, or `layout`
+    for all). Pairs: `load_preference_data(path, **load_options)`; a record's `subset` field names its
+    subset, else the file does (`subset_of_file`). RewardBench 2 and RM-Bench rows are checked record by
+    record; the first bad one raises a `DataError` naming file and line."""
+    if layout not in LAYOUTS:
+        raise ConfigError("--layout", f"must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    allow_empty = load_options.get("allow_empty_response", False)
+    pairs, subsets, skipped, best_of, styles, layouts = [], [], [], [], [], {}
+    for path in map(str, paths):
+        layouts[path] = kind = detect_layout(path) if layout == "auto" else layout
+        if kind == "rewardbench2":
+            best_of.extend(rewardbench2.parse_row(r, allow_empty) for r in records_or_raise(path))
+        elif kind == "rm-bench":
+            styles.extend(rmbench.parse_row(r, allow_empty) for r in records_or_raise(path))
+        else:
+            loaded = load_preference_data(path, **load_options)
+            pairs.extend(loaded.records)
+            subsets.extend(p.subset or subset_of_file(path) for p in loaded.records)
+            skipped.extend(loaded.skipped)
+    if not (pairs or best_of or styles):
+        raise DataError(", ".join(map(str, paths)), None, None, "nothing to evaluate")
+    lengths = np.array([[response_length(p.chosen), response_length(p.rejected)] for p in pairs]).reshape(-1, 2)
     return EvalSet([str(p) for p in paths], pairs, np.array(subsets, dtype=object), lengths[:, 0],
-                   lengths[:, 1], skipped)
+                   lengths[:, 1], skipped, best_of, styles, layouts)
+
+
+def score_texts(scorer: RewardScorer, inputs: list) -> tuple[np.ndarray, int]:
+    """`[M]` rewards of M inputs, each cut on its own (the scoring contract), and how many were cut."""
+    if not inputs:
+        return np.zeros(0), 0
+    encoded = scorer.encode(inputs)
+    rewards = scorer.score_ids([ids for ids, _ in encoded])[:, 0].double().numpy()
+    return rewards, sum(full > len(ids) for ids, full in encoded)
 
 
 def score_model(scorer: RewardScorer, evalset: EvalSet, name: str, path: str) -> ModelScores:
-    """Both sides of every pair scored by `scorer`, each side cut on its own (the scoring contract)."""
-    tokenized = scorer.encode_pairs(evalset.pairs)
-    rewards = scorer.score_ids([ids for p in tokenized.pairs for ids in (p.chosen_ids, p.rejected_ids)])
-    if len(tokenized.pairs) != len(evalset.pairs):  # the scoring rule cuts; it never drops
-        raise RuntimeError(f"{len(evalset.pairs) - len(tokenized.pairs)} pairs were dropped while encoding")
-    rewards = rewards[:, 0].double().numpy()  # interleaved [c0, r0, c1, r1, ...]
-    return ModelScores(name, str(path), rewards[0::2].copy(), rewards[1::2].copy(), tokenized.truncated)
+    """Both sides of every pair, every completion of every RewardBench 2 row and every style of every
+    RM-Bench answer, scored by `scorer` one input at a time (each cut on its own: the scoring contract)."""
+    chosen, rejected, truncated = np.zeros(0), np.zeros(0), 0
+    if evalset.pairs:
+        tokenized = scorer.encode_pairs(evalset.pairs)
+        rewards = scorer.score_ids([ids for p in tokenized.pairs for ids in (p.chosen_ids, p.rejected_ids)])
+        if len(tokenized.pairs) != len(evalset.pairs):  # the scoring rule cuts; it never drops
+            raise RuntimeError(f"{len(evalset.pairs) - len(tokenized.pairs)} pairs were dropped while encoding")
+        rewards = rewards[:, 0].double().numpy()  # interleaved [c0, r0, c1, r1, ...]
+        chosen, rejected, truncated = rewards[0::2].copy(), rewards[1::2].copy(), tokenized.truncated
+    flat, cut = score_texts(scorer, [canonical_input(r.prompt, c) for r in evalset.best_of for c in r.completions])
+    ends = np.cumsum([0] + [len(r.completions) for r in evalset.best_of])
+    best_of = [flat[a:b].copy() for a, b in zip(ends[:-1], ends[1:])]
+    styled, cut_styles = score_texts(scorer, [canonical_input(r.prompt, c) for r in evalset.styles
+                                              for c in r.chosen + r.rejected])
+    styled = styled.reshape(-1, 2, len(rmbench.STYLES))  # [M, chosen/rejected, style]
+    return ModelScores(name, str(path), chosen, rejected, truncated, best_of, styled[:, 0].copy(),
+                       styled[:, 1].copy(), cut + cut_styles)
 
 
 def model_names(paths: list[str]) -> list[str]:

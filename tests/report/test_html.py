@@ -43,6 +43,10 @@ def test_page_is_self_contained(page):
     assert len(images) == 4 and all(base64.b64decode(i).startswith(PNG_MAGIC) for i in images)
     assert not re.search(r"""(src|href)=["']?(https?:|//)""", text)  # nothing to fetch: works offline
     assert "b&lt;eta&gt;" in text and "b<eta>" not in text
+    # an incomplete section shows its partial score beside the word; the truncation column says what it counts
+    # Reasoning (alpha): (984 * 0.5 + 164 * 1) / 1148 = 4/7 of its present subsets
+    assert 'incomplete (5 missing)<span class="partial">; present subsets: 57.1%</span>' in text
+    assert "<th>pairs truncated</th>" in text and "Pairs truncated: pairs whose chosen or rejected input" in text
 
 
 def test_page_renders_in_headless_chromium(page, tmp_path):
