@@ -25,7 +25,7 @@ from rmkit.models.setup import resolve_model_name
 IGNORED_KEYS = {"enabled", "tokenizer", "resources", "reward_model_cfg", "dtensor_cfg", "precision"}
 ENGINE_KEYS = {"device", "dtype", "max_batch_tokens", "max_batch_size", "max_length", "overlong",
                "normalize", "attribute_weights"}
-CLIENT_KEYS = {"api_key", "timeout", "max_retries", "batch_size", "concurrency"}
+CLIENT_KEYS = {"api_key", "timeout", "max_retries", "retry_deadline", "batch_size", "concurrency"}
 
 
 class EnvironmentReturn(NamedTuple):
@@ -45,7 +45,8 @@ class RewardModelEnvironment:
     Config keys: exactly one of `model_name` (a model directory, scored in process) or `url` (a
     running `rmkit serve`); for the engine `device`, `dtype` (or NeMo's `precision`), `max_batch_tokens`,
     `max_batch_size`, `max_length`, `overlong`, `normalize`, `attribute_weights`; for the client
-    `api_key`, `timeout`, `max_retries`, `batch_size`, `concurrency`. NeMo RL's `enabled`, `tokenizer`,
+    `api_key`, `timeout`, `max_retries`, `retry_deadline` (seconds a failing server is retried), `batch_size`,
+    `concurrency`. NeMo RL's `enabled`, `tokenizer`,
     `resources`, `reward_model_cfg` are accepted and ignored; any other key is a ConfigError.
     """
 
@@ -118,10 +119,11 @@ class RewardModelEnvironment:
 def environment_for(rm) -> RewardModelEnvironment:
     """The environment an RL recipe's `env.reward_model` section describes: in process (`model_name`, a reward-model
     directory) or a running `rmkit serve` (`url`). Its keys: `model_name`, `url`, `api_key`, `batch_size`,
-    `precision`, `normalize`, `max_retries`, `timeout`."""
+    `precision`, `normalize`, `max_retries`, `retry_deadline`, `timeout`."""
     if rm.url is not None:
         return RewardModelEnvironment({"url": rm.url, "api_key": rm.api_key, "batch_size": rm.batch_size,
-                                       "max_retries": rm.max_retries, "timeout": rm.timeout})
+                                       "max_retries": rm.max_retries, "retry_deadline": rm.retry_deadline,
+                                       "timeout": rm.timeout})
     if rm.model_name is None:
         raise ConfigError("env.reward_model.model_name", "set model_name (a reward-model directory, e.g. the "
                           "final/ of rmkit train) or url (a running rmkit serve)")

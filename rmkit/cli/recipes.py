@@ -107,6 +107,7 @@ def main(name: str, argv: list[str]) -> int:
         result = _load(recipe.train)(cfg)
     except RunStopped as err:
         print(f"rmkit {name}: {err.outcome}: {err}", file=sys.stderr)
+        print(f"rmkit {name}: {_last_checkpoint(cfg.checkpointing.checkpoint_dir)}", file=sys.stderr)
         return 1
     from rmkit import distributed as dist
 
@@ -126,6 +127,16 @@ def main(name: str, argv: list[str]) -> int:
           + f"  plots:            {', '.join(str(p) for p in result.plots) or '(none)'}\n"
           + recipe.use.format(d=d))
     return 0
+
+
+def _last_checkpoint(checkpoint_dir) -> str:
+    """Where a stopped run can continue from, in words."""
+    from rmkit.trainer.checkpoint import latest_valid_checkpoint
+
+    path = latest_valid_checkpoint(checkpoint_dir, warn=lambda _: None) if checkpoint_dir else None
+    if path is None:
+        return f"no checkpoint was saved in {checkpoint_dir} yet; rerun to start over"
+    return f"last checkpoint: {path} (continue from it with --resume)"
 
 
 def _load(dotted: str):
