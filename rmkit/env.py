@@ -12,14 +12,12 @@ a Ray actor; wrap it in `ray.remote` if your trainer needs one.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
 from rmkit.errors import ConfigError
-from rmkit.inference import DTYPES
-from rmkit.models.setup import resolve_model_name
+from rmkit.inference import DTYPES, check_reward_model_dir
 
 # NeMo RL config keys accepted for compatibility and ignored here (resources are the trainer's business).
 IGNORED_KEYS = {"enabled", "tokenizer", "resources", "reward_model_cfg", "dtensor_cfg", "precision"}
@@ -65,6 +63,7 @@ class RewardModelEnvironment:
         else:
             from rmkit.serve.engine import ScoringEngine
 
+            check_reward_model_dir(config["model_name"], "env.model_name")
             kwargs = {k: config[k] for k in ENGINE_KEYS if k in config}
             dtype = kwargs.pop("dtype", config.get("precision", "float32"))
             if dtype not in DTYPES:
@@ -124,12 +123,17 @@ def environment_for(rm) -> RewardModelEnvironment:
         return RewardModelEnvironment({"url": rm.url, "api_key": rm.api_key, "batch_size": rm.batch_size,
                                        "max_retries": rm.max_retries, "retry_deadline": rm.retry_deadline,
                                        "timeout": rm.timeout})
+    return RewardModelEnvironment({"model_name": check_environment(rm), "dtype": rm.precision,
+                                   "max_batch_size": rm.batch_size, "normalize": rm.normalize})
+
+
+def check_environment(rm) -> str | None:
+    """The mistakes of an `env.reward_model` section found before any model loads (a recipe calls it before it
+    loads its policy): no model at all, a path that does not exist, a folder that is not a model, a causal LM.
+    Returns the reward-model directory, or None for a server (`url`)."""
+    if rm.url is not None:
+        return None
     if rm.model_name is None:
         raise ConfigError("env.reward_model.model_name", "set model_name (a reward-model directory, e.g. the "
                           "final/ of rmkit train) or url (a running rmkit serve)")
-    path = resolve_model_name(rm.model_name)
-    if not Path(path).is_dir():
-        raise ConfigError("env.reward_model.model_name", f"no such directory: {path} (train one with "
-                          "`rmkit train --config configs/rm.yaml`, or set env.reward_model.url)")
-    return RewardModelEnvironment({"model_name": path, "dtype": rm.precision, "max_batch_size": rm.batch_size,
-                                   "normalize": rm.normalize})
+    return check_reward_model_dir(rm.model_name, "env.reward_model.model_name")
