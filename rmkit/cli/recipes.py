@@ -113,20 +113,26 @@ def main(name: str, argv: list[str]) -> int:
 
     if not dist.is_main():  # under torchrun, rank 0 reports
         return 0
-    if recipe.rate:
-        print(f"rmkit: trained {result.steps} steps at {result.rates[recipe.rate]:.2f} {recipe.rate}, "
+    if recipe.rate and not result.rates.get(recipe.rate):  # a resumed run that had no step left
+        print(f"rmkit: no step left to train: the run was complete at step {result.steps}", file=sys.stderr)
+    elif recipe.rate:
+        print(f"rmkit: trained {_steps(result.steps)} at {result.rates[recipe.rate]:.2f} {recipe.rate}, "
               f"{result.rates['tokens/s']:.0f} tokens/s (training only; validation and one-off passes excluded)",
               file=sys.stderr)
     shown = {k: v for k, v in result.val_metrics.items() if k.endswith(recipe.shown)}
     if shown:
         print("rmkit: final validation: " + ", ".join(f"{k} {v:.4f}" for k, v in shown.items()), file=sys.stderr)
     d = result.final_dir
-    print(f"\n{recipe.saved} saved to {d} ({result.steps} steps)\n"
+    print(f"\n{recipe.saved} saved to {d} ({_steps(result.steps)})\n"
           f"  logs and metrics: {result.log_dir}/metrics.jsonl (tensorboard --logdir {result.log_dir})\n"
           + (f"  sample generations: {result.log_dir}/samples.jsonl\n" if recipe.saved == "Policy" else "")
           + f"  plots:            {', '.join(str(p) for p in result.plots) or '(none)'}\n"
           + recipe.use.format(d=d))
     return 0
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" + ("" if n == 1 else "s")
 
 
 def _last_checkpoint(checkpoint_dir) -> str:

@@ -57,7 +57,7 @@ def read_jsonl(path: str | Path) -> Iterator[RawRecord | DataError]:
                 continue
             seen = True
             try:
-                data = json.loads(text)
+                data = json.loads(text.rstrip("\r\n"))  # with its newline, a cut line's error is "line 2 column 1"
             except json.JSONDecodeError as err:
                 yield DataError(path, number, None, f"invalid JSON: {err.msg} (column {err.colno})")
                 continue
