@@ -31,6 +31,12 @@ m = M.from_pretrained('{d}'); t = T.from_pretrained('{d}'); \\
 print(t.decode(m.generate(**t.apply_chat_template([{{'role': 'user', 'content': 'Hi'}}], add_generation_prompt=True, \\
 return_tensors='pt', return_dict=True), max_new_tokens=32)[0]))"
 """
+_PLAIN_POLICY_USE = """
+Use it (the tokenizer has no chat template: prompt it as rmkit did, "User: ...\\nAssistant:"):
+  python -c "from transformers import AutoModelForCausalLM as M, AutoTokenizer as T; \\
+m = M.from_pretrained('{d}'); t = T.from_pretrained('{d}'); \\
+print(t.decode(m.generate(**t('User: Hi\\nAssistant:', return_tensors='pt'), max_new_tokens=32)[0]))"
+"""
 
 
 @dataclass(frozen=True)
@@ -127,8 +133,18 @@ def main(name: str, argv: list[str]) -> int:
           f"  logs and metrics: {result.log_dir}/metrics.jsonl (tensorboard --logdir {result.log_dir})\n"
           + (f"  sample generations: {result.log_dir}/samples.jsonl\n" if recipe.saved == "Policy" else "")
           + f"  plots:            {', '.join(str(p) for p in result.plots) or '(none)'}\n"
-          + recipe.use.format(d=d))
+          + (_PLAIN_POLICY_USE if recipe.use is _POLICY_USE and not _has_chat_template(d) else recipe.use).format(d=d))
     return 0
+
+
+def _has_chat_template(folder) -> bool:
+    """Whether the tokenizer saved in `folder` has a chat template (a file of its own, or in its config)."""
+    import json
+    from pathlib import Path
+
+    config = Path(folder) / "tokenizer_config.json"
+    return (Path(folder) / "chat_template.jinja").is_file() or (
+        config.is_file() and bool(json.loads(config.read_text()).get("chat_template")))
 
 
 def _steps(n: int) -> str:
