@@ -12,20 +12,18 @@ a Ray actor; wrap it in `ray.remote` if your trainer needs one.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
 from rmkit.errors import ConfigError
-from rmkit.inference import DTYPES
-from rmkit.models.setup import resolve_model_name
+from rmkit.inference import DTYPES, check_reward_model_dir
 
 # NeMo RL config keys accepted for compatibility and ignored here (resources are the trainer's business).
 IGNORED_KEYS = {"enabled", "tokenizer", "resources", "reward_model_cfg", "dtensor_cfg", "precision"}
 ENGINE_KEYS = {"device", "dtype", "max_batch_tokens", "max_batch_size", "max_length", "overlong",
                "normalize", "attribute_weights"}
-CLIENT_KEYS = {"api_key", "timeout", "max_retries", "batch_size", "concurrency"}
+CLIENT_KEYS = {"api_key", "timeout", "max_retries", "retry_deadline", "batch_size", "concurrency"}
 
 
 class EnvironmentReturn(NamedTuple):
@@ -45,7 +43,8 @@ class RewardModelEnvironment:
     Config keys: exactly one of `model_name` (a model directory, scored in process) or `url` (a
     running `rmkit serve`); for the engine `device`, `dtype` (or NeMo's `precision`), `max_batch_tokens`,
     `max_batch_size`, `max_length`, `overlong`, `normalize`, `attribute_weights`; for the client
-    `api_key`, `timeout`, `max_retries`, `batch_size`, `concurrency`. NeMo RL's `enabled`, `tokenizer`,
+    `api_key`, `timeout`, `max_retries`, `retry_deadline` (seconds a failing server is retried), `batch_size`,
+    `concurrency`. NeMo RL's `enabled`, `tokenizer`,
     `resources`, `reward_model_cfg` are accepted and ignored; any other key is a ConfigError.
     """
 
@@ -64,6 +63,7 @@ class RewardModelEnvironment:
         else:
             from rmkit.serve.engine import ScoringEngine
 
+            check_reward_model_dir(config["model_name"], "env.model_name")
             kwargs = {k: config[k] for k in ENGINE_KEYS if k in config}
             dtype = kwargs.pop("dtype", config.get("precision", "float32"))
             if dtype not in DTYPES:
@@ -118,16 +118,22 @@ class RewardModelEnvironment:
 def environment_for(rm) -> RewardModelEnvironment:
     """The environment an RL recipe's `env.reward_model` section describes: in process (`model_name`, a reward-model
     directory) or a running `rmkit serve` (`url`). Its keys: `model_name`, `url`, `api_key`, `batch_size`,
-    `precision`, `normalize`, `max_retries`, `timeout`."""
+    `precision`, `normalize`, `max_retries`, `retry_deadline`, `timeout`."""
     if rm.url is not None:
         return RewardModelEnvironment({"url": rm.url, "api_key": rm.api_key, "batch_size": rm.batch_size,
-                                       "max_retries": rm.max_retries, "timeout": rm.timeout})
+                                       "max_retries": rm.max_retries, "retry_deadline": rm.retry_deadline,
+                                       "timeout": rm.timeout})
+    return RewardModelEnvironment({"model_name": check_environment(rm), "dtype": rm.precision,
+                                   "max_batch_size": rm.batch_size, "normalize": rm.normalize})
+
+
+def check_environment(rm) -> str | None:
+    """The mistakes of an `env.reward_model` section found before any model loads (a recipe calls it before it
+    loads its policy): no model at all, a path that does not exist, a folder that is not a model, a causal LM.
+    Returns the reward-model directory, or None for a server (`url`)."""
+    if rm.url is not None:
+        return None
     if rm.model_name is None:
         raise ConfigError("env.reward_model.model_name", "set model_name (a reward-model directory, e.g. the "
                           "final/ of rmkit train) or url (a running rmkit serve)")
-    path = resolve_model_name(rm.model_name)
-    if not Path(path).is_dir():
-        raise ConfigError("env.reward_model.model_name", f"no such directory: {path} (train one with "
-                          "`rmkit train --config configs/rm.yaml`, or set env.reward_model.url)")
-    return RewardModelEnvironment({"model_name": path, "dtype": rm.precision, "max_batch_size": rm.batch_size,
-                                   "normalize": rm.normalize})
+    return check_reward_model_dir(rm.model_name, "env.reward_model.model_name")

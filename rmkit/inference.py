@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -31,7 +32,7 @@ from rmkit.distributed import all_reduce, is_distributed
 from rmkit.errors import ConfigError
 from rmkit.models.reward import load_reward_model, uses_last_token_pooling
 from rmkit.models.scoring import length_sorted_batches, score_sequences
-from rmkit.models.setup import autocast
+from rmkit.models.setup import autocast, resolve_model_name
 
 CONTRACT_FILE = "scoring_contract.json"
 CONTRACT_VERSION = 1
@@ -69,6 +70,37 @@ class ScoringContract:
     """Their unbiased standard deviation."""
     version: int = CONTRACT_VERSION
     """Format version of this file."""
+
+
+CAUSAL_LM_ARCHITECTURES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def check_reward_model_dir(name: str, key: str = "--model") -> str:
+    """`name` (a packaged alias resolved) if it can be a reward model, checked before anything loads: a directory
+    with a `config.json` (or a LoRA `adapter_config.json`) whose architecture is not a causal LM, or a Hugging
+    Face Hub id (`org/name`, with no part of it on disk). Else a ConfigError naming `key`: no such path, a
+    file, a folder that is not a model, a causal LM (its score head would be random)."""
+    path = Path(resolve_model_name(name)).expanduser()
+    if not path.exists():
+        if re.fullmatch(r"[\w.-]+/[\w.-]+", name) and not Path(name.split("/")[0]).exists():
+            return name  # a Hub id: transformers fetches it (or says why not)
+        raise ConfigError(key, f"no such model directory: {name}")
+    hint = "give the final/ of `rmkit train`, or any Hugging Face sequence classifier"
+    if not path.is_dir():
+        raise ConfigError(key, f"{name} is a file, not a model directory ({hint})")
+    if not (path / "config.json").is_file():
+        if (path / "adapter_config.json").is_file():
+            return str(path)
+        raise ConfigError(key, f"{name} is not a model directory: it has no config.json ({hint})")
+    try:
+        architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
+    except (ValueError, AttributeError) as err:
+        raise ConfigError(key, f"{path / 'config.json'} is not a model config: {err}") from None
+    causal = [a for a in architectures if str(a).endswith(CAUSAL_LM_ARCHITECTURES)]
+    if causal:
+        raise ConfigError(key, f"{name} is a causal language model ({causal[0]}), not a reward model: a reward model "
+                               f"is a sequence classifier (...ForSequenceClassification); {hint}")
+    return str(path)
 
 
 def template_sha256(tokenizer) -> str | None:

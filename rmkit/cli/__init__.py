@@ -24,7 +24,7 @@ SUBCOMMANDS = {
     "grpo": ("rmkit.cli.recipes", "optimize a policy against a reward model with GRPO (configs/grpo_rm.yaml)"),
 }
 
-USAGE = "usage: rmkit {" + ",".join(SUBCOMMANDS) + "} ...\n\n" + "\n".join(
+USAGE = "usage: rmkit [--version] {" + ",".join(SUBCOMMANDS) + "} ...\n\n" + "\n".join(
     f"  {name:<6} {help_}" for name, (_, help_) in SUBCOMMANDS.items()
 )
 
@@ -34,6 +34,11 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(USAGE)
         return 0 if argv else 2
+    if argv[0] in ("--version", "-V"):
+        from rmkit import __version__
+
+        print(f"rmkit {__version__}")
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
         print(f"rmkit: unknown command '{name}'\n{USAGE}", file=sys.stderr)

@@ -115,7 +115,7 @@ def print_report(report: dict) -> None:
         print(f"warning: {source}: {message}")
     for source, message in report["problems"]:
         print(f"error: {source}: {message}")
-    print(f"{len(report['problems'])} problems, {len(report['warnings'])} warnings")
+    print(f"{_count(len(report['problems']), 'problem')}, {_count(len(report['warnings']), 'warning')}")
 
 
 def main(argv: list[str]) -> int:
@@ -140,3 +140,7 @@ def main(argv: list[str]) -> int:
     else:
         print_report(report)
     return 2 if result.errors else 0
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")

@@ -24,9 +24,10 @@ import torch
 
 from rmkit.cli.eval import add_model_arguments, load_for_inference
 from rmkit.data import FORMATS, load_preference_data
+from rmkit.data.readers import check_data_path
 from rmkit.data.tokenize import canonical_input
 from rmkit.errors import DataError
-from rmkit.inference import RewardScorer
+from rmkit.inference import RewardScorer, check_reward_model_dir
 from rmkit.models.reward import transformers_progress_bars_off
 
 REQUEST_SIZES = (1, 2, 3, 32)
@@ -133,6 +134,8 @@ def _in_process_paths(scorer: RewardScorer, model_dir: str, pairs: Sequence, inp
 
 def check_parity(args: argparse.Namespace) -> dict:
     """`{path: {"compared": n, "max_abs_diff": d}}` of every path against the in-process core."""
+    check_data_path(args.data, "--data")  # before the model loads
+    check_reward_model_dir(args.model, "--model")
     scorer = load_for_inference(args)
     pairs = load_preference_data(args.data, format=args.format).records[: args.limit]
     if not pairs:

@@ -31,6 +31,12 @@ m = M.from_pretrained('{d}'); t = T.from_pretrained('{d}'); \\
 print(t.decode(m.generate(**t.apply_chat_template([{{'role': 'user', 'content': 'Hi'}}], add_generation_prompt=True, \\
 return_tensors='pt', return_dict=True), max_new_tokens=32)[0]))"
 """
+_PLAIN_POLICY_USE = """
+Use it (the tokenizer has no chat template: prompt it as rmkit did, "User: ...\\nAssistant:"):
+  python -c "from transformers import AutoModelForCausalLM as M, AutoTokenizer as T; \\
+m = M.from_pretrained('{d}'); t = T.from_pretrained('{d}'); \\
+print(t.decode(m.generate(**t('User: Hi\\nAssistant:', return_tensors='pt'), max_new_tokens=32)[0]))"
+"""
 
 
 @dataclass(frozen=True)
@@ -107,25 +113,52 @@ def main(name: str, argv: list[str]) -> int:
         result = _load(recipe.train)(cfg)
     except RunStopped as err:
         print(f"rmkit {name}: {err.outcome}: {err}", file=sys.stderr)
+        print(f"rmkit {name}: {_last_checkpoint(cfg.checkpointing.checkpoint_dir)}", file=sys.stderr)
         return 1
     from rmkit import distributed as dist
 
     if not dist.is_main():  # under torchrun, rank 0 reports
         return 0
-    if recipe.rate:
-        print(f"rmkit: trained {result.steps} steps at {result.rates[recipe.rate]:.2f} {recipe.rate}, "
+    if recipe.rate and not result.rates.get(recipe.rate):  # a resumed run that had no step left
+        print(f"rmkit: no step left to train: the run was complete at step {result.steps}", file=sys.stderr)
+    elif recipe.rate:
+        print(f"rmkit: trained {_steps(result.steps)} at {result.rates[recipe.rate]:.2f} {recipe.rate}, "
               f"{result.rates['tokens/s']:.0f} tokens/s (training only; validation and one-off passes excluded)",
               file=sys.stderr)
     shown = {k: v for k, v in result.val_metrics.items() if k.endswith(recipe.shown)}
     if shown:
         print("rmkit: final validation: " + ", ".join(f"{k} {v:.4f}" for k, v in shown.items()), file=sys.stderr)
     d = result.final_dir
-    print(f"\n{recipe.saved} saved to {d} ({result.steps} steps)\n"
+    print(f"\n{recipe.saved} saved to {d} ({_steps(result.steps)})\n"
           f"  logs and metrics: {result.log_dir}/metrics.jsonl (tensorboard --logdir {result.log_dir})\n"
           + (f"  sample generations: {result.log_dir}/samples.jsonl\n" if recipe.saved == "Policy" else "")
           + f"  plots:            {', '.join(str(p) for p in result.plots) or '(none)'}\n"
-          + recipe.use.format(d=d))
+          + (_PLAIN_POLICY_USE if recipe.use is _POLICY_USE and not _has_chat_template(d) else recipe.use).format(d=d))
     return 0
+
+
+def _has_chat_template(folder) -> bool:
+    """Whether the tokenizer saved in `folder` has a chat template (a file of its own, or in its config)."""
+    import json
+    from pathlib import Path
+
+    config = Path(folder) / "tokenizer_config.json"
+    return (Path(folder) / "chat_template.jinja").is_file() or (
+        config.is_file() and bool(json.loads(config.read_text()).get("chat_template")))
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" + ("" if n == 1 else "s")
+
+
+def _last_checkpoint(checkpoint_dir) -> str:
+    """Where a stopped run can continue from, in words."""
+    from rmkit.trainer.checkpoint import latest_valid_checkpoint
+
+    path = latest_valid_checkpoint(checkpoint_dir, warn=lambda _: None) if checkpoint_dir else None
+    if path is None:
+        return f"no checkpoint was saved in {checkpoint_dir} yet; rerun to start over"
+    return f"last checkpoint: {path} (continue from it with --resume)"
 
 
 def _load(dotted: str):

@@ -13,10 +13,11 @@ import sys
 from pathlib import Path
 
 from rmkit.cli.eval import add_model_arguments, load_for_inference
-from rmkit.data.readers import RawRecord, read_records
+from rmkit.data.readers import RawRecord, check_data_path, read_records
 from rmkit.data.tokenize import canonical_input
 from rmkit.data.validate import text_or_messages
 from rmkit.errors import DataError
+from rmkit.inference import check_reward_model_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,6 +47,8 @@ def record_inputs(record: RawRecord, args: argparse.Namespace) -> tuple[list[str
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    check_data_path(args.input, "--input")  # the mistakes a user makes most, found before the model loads
+    check_reward_model_dir(args.model, "--model")
     scorer = load_for_inference(args)
     records, inputs, slots = [], [], []
     for item in read_records(args.input):

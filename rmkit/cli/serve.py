@@ -80,6 +80,10 @@ def main(argv: list[str]) -> int:
     if args.api_key and args.open_route:
         print(f"rmkit serve: {', '.join(args.open_route)} answer(s) WITHOUT the API key (--open-route): anyone who "
               "can reach the port can score; keep it on loopback or a private network", file=sys.stderr)
+    outputs = "1 reward" if engine.num_labels == 1 else f"{engine.num_labels} attributes"
+    print(f"rmkit serve: {args.model} ({outputs} per input, max length {engine.max_length}) at "
+          f"http://{args.host}:{args.port}; API key {'required' if args.api_key else 'not required'}",
+          file=sys.stderr, flush=True)
     app = create_app(engine, api_key=args.api_key, max_inputs=args.max_inputs, max_body_bytes=args.max_body_bytes,
                      open_routes=frozenset(args.open_route))
     # uvicorn handles SIGTERM: it stops accepting, finishes in-flight requests, shuts the app down, then

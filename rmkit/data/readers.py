@@ -9,11 +9,12 @@ is always an error.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rmkit.errors import DataError
+from rmkit.errors import ConfigError, DataError
 
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 JSON_SUFFIXES = (".json",)
@@ -56,7 +57,7 @@ def read_jsonl(path: str | Path) -> Iterator[RawRecord | DataError]:
                 continue
             seen = True
             try:
-                data = json.loads(text)
+                data = json.loads(text.rstrip("\r\n"))  # with its newline, a cut line's error is "line 2 column 1"
             except json.JSONDecodeError as err:
                 yield DataError(path, number, None, f"invalid JSON: {err.msg} (column {err.colno})")
                 continue
@@ -151,3 +152,20 @@ def read_records(path: str | Path, split: str = "train") -> Iterator[RawRecord |
             return read_jsonl(text)
         return read_json(text) if lower.endswith(JSON_SUFFIXES) else read_parquet(text)
     return read_hf_dataset(text, split)
+
+
+def check_data_path(path: str | Path, key: str) -> None:
+    """A ConfigError naming `key` when `path` cannot hold data, before anything loads: a file name (`.jsonl`,
+    `.json`, `.parquet`) that is not a file, or a path that does not exist and is no Hub dataset name
+    (`name` or `org/name`, with no part of it on disk)."""
+    text, local = str(path), Path(path).expanduser()
+    lower = text.lower()
+    if lower.endswith(JSONL_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES):
+        if not local.is_file():
+            raise ConfigError(key, f"no such file: {text}" if not local.exists() else f"{text} is not a file")
+    elif not local.exists() and not _hub_name(text):
+        raise ConfigError(key, f"no such file or dataset directory: {text}")
+
+
+def _hub_name(text: str) -> bool:
+    return bool(re.fullmatch(r"[\w.-]+(/[\w.-]+)?", text)) and not Path(text.split("/")[0]).exists()

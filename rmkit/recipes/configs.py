@@ -231,8 +231,12 @@ class RewardModelEnvConfig:
     """In process: the dtype the reward model runs in."""
     normalize: bool = False
     """In process: rewards as (r - mean) / std with the model's validation statistics (`reward_stats.json`)."""
-    max_retries: int = 3
-    """Server: extra attempts after a connection error or a 5xx, with exponential backoff."""
+    retry_deadline: float = 120.0
+    """Server: seconds a request that meets a connection error, a timeout or a 5xx is retried (backoff from 0.25 s,
+    doubling up to 10 s) before the run stops, naming the URL and the last checkpoint; a server restart within
+    it costs the run nothing."""
+    max_retries: int | None = None
+    """Server: at most this many extra attempts per request (null: as many as `retry_deadline` allows)."""
     timeout: float = 60.0
     """Server: seconds per request."""
 
@@ -240,7 +244,8 @@ class RewardModelEnvConfig:
         _check(self.model_name is None or self.url is None, "env.reward_model.model_name",
                "set exactly one of model_name (in process) or url (a running rmkit serve), not both")
         _check(self.batch_size >= 1, "env.reward_model.batch_size", "must be >= 1")
-        _check(self.max_retries >= 0, "env.reward_model.max_retries", "must be >= 0")
+        _check(self.max_retries is None or self.max_retries >= 0, "env.reward_model.max_retries", "must be >= 0")
+        _check(self.retry_deadline >= 0, "env.reward_model.retry_deadline", "must be >= 0 (seconds)")
         _check(self.url is None or not self.normalize, "env.reward_model.normalize",
                "is for in-process scoring; start the server with --normalize instead")
 

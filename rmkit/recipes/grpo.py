@@ -26,7 +26,7 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.data.sampler import LengthGroupedBatchSampler
-from rmkit.env import environment_for
+from rmkit.env import check_environment, environment_for
 from rmkit.errors import ConfigError, TrainingDiverged
 from rmkit.losses import reduce_metrics
 from rmkit.losses.advantages import clip_advantages, grpo_group_advantages, reinforce_plus_plus_advantages
@@ -88,6 +88,7 @@ def train(cfg: GRPOConfig) -> RunResult:
     run = start_run(cfg, cfg.grpo)  # threads, seed, torchrun, folders, the saved config
     device, world = run.device, dist.world_size()
     check_layout(cfg, world)
+    check_environment(cfg.env.reward_model)  # a wrong reward-model path fails before the policy loads
 
     # --- policy, reference, reward environment, prompts
     model, tokenizer = load_training_policy(cfg.policy, device)

@@ -29,11 +29,12 @@ class ServerProcess:
         extra: more `rmkit serve` arguments.
         env: extra environment variables for the child (e.g. `PYTHONPATH`, `OMP_NUM_THREADS`).
         log_path: where the child's output goes (default: a temporary file).
+        port: the port (default: a free one); a server restarted on its predecessor's port is the same URL.
     """
 
     def __init__(self, model_dir: str | Path, *extra: str, env: dict[str, str] | None = None,
-                 log_path: str | Path | None = None):
-        self.port = free_port()
+                 log_path: str | Path | None = None, port: int | None = None):
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = open(log_path, "w+") if log_path else tempfile.TemporaryFile("w+")  # noqa: SIM115
         cmd = [sys.executable, "-m", "rmkit", "serve", "--model", str(model_dir), "--host", "127.0.0.1",

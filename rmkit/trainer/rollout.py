@@ -119,9 +119,10 @@ def training_batch(rollout: Rollout, pad_id: int) -> dict[str, torch.Tensor]:
 
 def score_rollout(env, rollout: Rollout, step: int) -> torch.Tensor:
     """Rewards `[N]` of the conversations prompt + completion, through the reward model's own chat template.
-    A server that stays down, or a NaN reward, raises `RolloutFailed` naming the cause (or the prompt) on every
-    rank: the ranks agree on a failure flag first, so no rank is left waiting in a collective for one that
-    raised."""
+    A server that stays down past its retry deadline or gives a malformed answer, a count of rewards other than
+    N, or a NaN reward, raises `RolloutFailed` naming the cause (or the prompt) on every rank: the ranks agree
+    on a failure flag first, so no rank is left waiting in a collective for one that raised. No reward is ever
+    filled in."""
     from rmkit.serve.client import RewardServerError
 
     logs = [as_messages(p.prompt, "user") + [{"role": "assistant", "content": t}]
@@ -132,7 +133,10 @@ def score_rollout(env, rollout: Rollout, step: int) -> torch.Tensor:
     except RewardServerError as err:
         failure = (f"the reward server failed at step {step + 1} ({err}); no update was applied. Check that "
                    "`rmkit serve` is up, then continue from the last checkpoint with --resume")
-    if rewards is not None and (bad := (~torch.isfinite(rewards)).nonzero().flatten().tolist()):
+    if rewards is not None and tuple(rewards.shape) != (len(logs),):
+        failure = (f"the reward model returned {rewards.numel()} rewards for {len(logs)} completions at step "
+                   f"{step + 1}; no update was applied. Check the reward model (env.reward_model)")
+    elif rewards is not None and (bad := (~torch.isfinite(rewards)).nonzero().flatten().tolist()):
         prompt = rollout.prompts[bad[0]]
         failure = (f"the reward model returned {rewards[bad[0]].item()} for a completion of the prompt at "
                    f"{prompt.source} ({_snippet(prompt.prompt)!r}) at step {step + 1}; no update was applied. "

@@ -33,6 +33,7 @@ from rmkit.errors import TrainingDiverged
 from rmkit.trainer.checkpoint import list_checkpoints
 from rmkit.trainer.optim import optimizer_step
 from rmkit.trainer.resume import resolve_resume, restore_training_state, save_training_checkpoint
+from rmkit.trainer.run_data import check_data_paths
 from rmkit.trainer.run_log import SAMPLES
 from rmkit.trainer.sharding import gather_full_model
 from rmkit.trainer.state import TrainState, seed_everything, set_threads
@@ -73,6 +74,7 @@ def start_run(cfg, loop) -> Run:
     """Threads, seeds (`loop.seed`), the process group under torchrun, the output folders and the saved
     config. A fresh run over an old output folder first moves the old run's checkpoints and logs aside
     (and says where), so nothing of the two runs mixes; a half-written `final/` is cleared."""
+    check_data_paths(cfg.data)  # a wrong path fails before any model loads
     set_threads(cfg.policy.num_threads)
     seed_everything(loop.seed)
     info = dist.init_distributed()  # a no-op without torchrun; rank 0 alone writes and prints

@@ -9,6 +9,7 @@ from pathlib import Path
 from rmkit import distributed as dist
 from rmkit.config import Config
 from rmkit.data import load_preference_data, load_regression_data, write_rejects
+from rmkit.data.readers import check_data_path
 from rmkit.data.sampler import LengthGroupedBatchSampler
 from rmkit.data.tokenize import tokenize_pairs, tokenize_regression
 
@@ -19,6 +20,14 @@ EMBEDDED = {"default": RESOURCES / "default_train.jsonl", "default-val": RESOURC
 def resolve_data_path(path: str) -> str:
     """`default` / `default-val` -> the preference set that ships with rmkit; other paths unchanged."""
     return str(EMBEDDED.get(path, path))
+
+
+def check_data_paths(data) -> None:
+    """`data.train_data_path` and every `data.val_data_paths` entry exist (or name a Hub dataset): a ConfigError
+    naming the key otherwise, before any model loads."""
+    check_data_path(resolve_data_path(data.train_data_path), "data.train_data_path")
+    for name, path in (data.val_data_paths or {}).items():
+        check_data_path(resolve_data_path(path), f"data.val_data_paths.{name}")
 
 
 @dataclass

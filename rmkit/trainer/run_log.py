@@ -110,6 +110,6 @@ def append_samples(log_dir: Path, step: int, samples: list[dict]) -> Path:
 def announce(action: str, model: torch.nn.Module, length: str, device: torch.device, precision: str) -> None:
     """The line every run prints before its first step (rank 0): what it trains, for how long, on what."""
     if dist.is_main():
-        trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        trainable, threads = sum(p.numel() for p in model.parameters() if p.requires_grad), torch.get_num_threads()
         print(f"rmkit: {action} ({trainable:,} trainable parameters) for {length} on {device} with "
-              f"{torch.get_num_threads()} threads, {precision}", file=sys.stderr)
+              f"{threads} thread{'' if threads == 1 else 's'}, {precision}", file=sys.stderr)

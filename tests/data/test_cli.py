@@ -30,7 +30,7 @@ def test_cli_reports_every_problem_and_exits_2(tmp_path):
     assert f"error: {path}:2: invalid JSON" in done.stdout
     assert f"error: {path}:3: field 'rejected': missing" in done.stdout
     assert f"warning: {path}:4: chosen and rejected are identical" in done.stdout
-    assert "2 pairs (binary format)" in done.stdout and "2 problems, 1 warnings" in done.stdout
+    assert "2 pairs (binary format)" in done.stdout and "2 problems, 1 warning\n" in done.stdout
     assert len((tmp_path / "rejects.jsonl").read_text().splitlines()) == 2
 
 

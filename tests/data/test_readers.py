@@ -80,3 +80,13 @@ def test_validation_sets(tmp_path):
     sets = load_validation_sets({"hh": a, "other": b})
     assert {name: len(r.records) for name, r in sets.items()} == {"hh": 2, "other": 1}
     assert list(load_validation_sets(a)) == ["validation"]
+
+
+def test_a_cut_json_line_names_the_column_where_it_stops(tmp_path):
+    """A line cut after 45 characters: the error is at column 46 of that line, not "column 1" of the next."""
+    path = tmp_path / "cut.jsonl"
+    line = json.dumps({"prompt": "What is 2 plus 2?", "chosen": "4"})[:-1]  # the closing brace lost
+    path.write_text(json.dumps(ROWS[0]) + "\n" + line + "\n")
+    with pytest.raises(DataError) as err:
+        load_preference_data(path)
+    assert len(line) == 45 and str(err.value) == f"{path}:2: invalid JSON: Expecting ',' delimiter (column 46)"

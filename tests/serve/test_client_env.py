@@ -132,25 +132,29 @@ def test_load_8_concurrent_clients_zero_errors_every_response_correct(bt_server,
     assert int(groups.split()[1]) < int(count.split()[1])
 
 
-def test_sigterm_finishes_the_in_flight_request_and_exits_0(reg_server):
-    """`reg_server` has a 1 s batch window: SIGTERM arrives once /metrics shows the request waiting in it,
-    and the request must still get its answer. (This stops the server; conftest runs this test last.)"""
+def test_sigterm_finishes_the_in_flight_requests_and_exits_0(reg_server):
+    """`reg_server` has a 1 s batch window: SIGTERM arrives once /metrics shows a batch of 4 requests waiting in
+    it, and every request must still get its answer. (This stops the server; conftest runs this test last.)"""
     server = reg_server
-    result = {}
+    batch = [["a dog"], ["hello world yes", "no"], ["the cat sat on the mat"], ["good answer", "bad answer", "no"]]
+    results = {}
 
-    def request() -> None:
-        result["response"] = httpx.post(server.url + "/v1/score", json={"texts": ["a dog"]}, timeout=30)
+    def request(i: int) -> None:
+        results[i] = httpx.post(server.url + "/v1/score", json={"texts": batch[i]}, timeout=30)
 
-    thread = threading.Thread(target=request)
-    thread.start()
+    threads = [threading.Thread(target=request, args=(i,)) for i in range(len(batch))]
+    for thread in threads:
+        thread.start()
     deadline = time.monotonic() + 20
-    while "rmkit_queue_depth 1" not in httpx.get(server.url + "/metrics").text:
-        assert time.monotonic() < deadline, "the request never reached the queue"
+    while f"rmkit_queue_depth {len(batch)}" not in httpx.get(server.url + "/metrics").text:
+        assert time.monotonic() < deadline, "the requests never reached the queue together"
         time.sleep(0.02)
     server.proc.send_signal(signal.SIGTERM)
-    thread.join()
+    for thread in threads:
+        thread.join()
     try:
         assert server.proc.wait(timeout=30) == 0, server.output()
-        assert result["response"].status_code == 200 and len(result["response"].json()["rewards"]) == 1
+        assert [r.status_code for r in results.values()] == [200] * len(batch)
+        assert all(len(results[i].json()["rewards"]) == len(texts) for i, texts in enumerate(batch))
     finally:
         server.stop()

@@ -39,6 +39,13 @@ def assert_error(response, status, fragment):
     assert fragment in body["message"], body["message"]
 
 
+def test_start_up_line_names_model_url_and_key(bt_server, bt_model_dir, reg_server, reg_model_dir):
+    assert (f"rmkit serve: {bt_model_dir} (1 reward per input, max length 24) at {bt_server.url}; API key required"
+            in bt_server.output())
+    assert (f"rmkit serve: {reg_model_dir} (3 attributes per input, max length 8) at {reg_server.url}; API key not "
+            "required" in reg_server.output())
+
+
 def test_health(bt_server):
     body = httpx.get(bt_server.url + "/health").json()  # no key needed
     assert body["status"] == "ok" and body["num_labels"] == 1 and body["max_length"] == 24

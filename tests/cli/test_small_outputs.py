@@ -1,0 +1,25 @@
+"""Small things a user reads: `rmkit --version`, and what a resumed run that had nothing left to do says."""
+
+from rmkit import __version__, cli
+from tests.recipes.dpo_helpers import write_pairs
+
+
+def test_version(capsys):
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out == f"rmkit {__version__}\n"
+    assert cli.main(["-V"]) == 0 and capsys.readouterr().out.strip() == f"rmkit {__version__}"
+
+
+def test_a_resume_with_no_step_left_says_so_instead_of_a_zero_rate(tiny_policy, tmp_path, capsys):
+    train = write_pairs(tmp_path / "train.jsonl", 8)
+    args = ["sft", f"policy.model_name={tiny_policy}", f"data.train_data_path={train}", "data.val_data_paths={}",
+            f"checkpointing.checkpoint_dir={tmp_path / 'run'}", "sft.max_num_steps=1", "sft.val_period=0",
+            "policy.train_global_batch_size=2", "policy.train_micro_batch_size=2", "policy.max_total_sequence_length=64",
+            "policy.num_threads=1", "logger.tensorboard=false", "logger.progress_bar=false", "logger.plots=false",
+            "sft.val_at_start=false", "sft.val_at_end=false"]
+    assert cli.main(args) == 0
+    err = capsys.readouterr().err
+    assert "rmkit: trained 1 step at" in err and "with 1 thread," in err
+    assert cli.main([*args, "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "rmkit: no step left to train: the run was complete at step 1" in err and "0.00 sequences/s" not in err
