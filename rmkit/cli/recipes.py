@@ -125,9 +125,10 @@ def main(name: str, argv: list[str]) -> int:
         print(f"rmkit: trained {_steps(result.steps)} at {result.rates[recipe.rate]:.2f} {recipe.rate}, "
               f"{result.rates['tokens/s']:.0f} tokens/s (training only; validation and one-off passes excluded)",
               file=sys.stderr)
-    shown = {k: v for k, v in result.val_metrics.items() if k.endswith(recipe.shown)}
-    if shown:
-        print("rmkit: final validation: " + ", ".join(f"{k} {v:.4f}" for k, v in shown.items()), file=sys.stderr)
+    from rmkit.trainer.run_log import summary
+
+    if shown := summary(result.val_metrics, recipe.shown):
+        print(f"rmkit: final validation: {shown}", file=sys.stderr)
     d = result.final_dir
     print(f"\n{recipe.saved} saved to {d} ({_steps(result.steps)})\n"
           f"  logs and metrics: {result.log_dir}/metrics.jsonl (tensorboard --logdir {result.log_dir})\n"

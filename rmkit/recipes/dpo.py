@@ -38,9 +38,11 @@ from rmkit.trainer.reference_logprobs import reference_logprobs, weights_digest
 from rmkit.trainer.resume import restore_rng, save_training_checkpoint
 from rmkit.trainer.run import Cadence, RunResult, apply_update, finish_run, resume, run_batches, start_run
 from rmkit.trainer.run_data import make_sampler, resolve_data_path
-from rmkit.trainer.run_log import RunLogger, announce, append_samples, open_logger
+from rmkit.trainer.run_log import RunLogger, announce, append_samples, report_validation, summary
 from rmkit.trainer.sharding import shard_policy
 from rmkit.trainer.state import TrainState, total_steps
+
+SHOWN = ("/loss", "/accuracy", "/rewards_margin_mean")  # the headline validation metrics printed during a run
 
 
 def load_pairs(cfg: DPOTree, path: str, tokenizer, rejects_path: Path, label: str) -> list[PolicyPair]:
@@ -174,15 +176,14 @@ def train(cfg: DPOTree) -> RunResult:
     steps = total_steps(cfg.dpo, len(sampler))
     scheduler = build_scheduler(optimizer, cfg.policy.scheduler, steps)
     state = TrainState(model, optimizer, scheduler, sampler)
-    saved = resume(run, state)
-    logger = open_logger(cfg, run.log_dir, state.step if run.resume_from else None, state.step >= steps)
+    saved, logger = resume(run, state, steps)
     announce(f"DPO of {cfg.policy.model_name}", model, f"{steps} steps of {cfg.policy.train_global_batch_size} pairs",
              run.device, cfg.policy.precision)
     val_metrics = saved.get("val_metrics", {})
     validated = False
     if cfg.dpo.val_at_start and val and not run.resume_from:
         val_metrics, validated = run_validation(cfg, pair_logits, loss_fn, val, tokenizer, logger, 0, run.log_dir), True
-        _report(0, val_metrics)
+        report_validation(0, val_metrics, SHOWN)
 
     # --- the loop
     if run.resume_from:
@@ -216,14 +217,14 @@ def train(cfg: DPOTree) -> RunResult:
         if val and when.validate(state.step):
             val_metrics = run_validation(cfg, pair_logits, loss_fn, val, tokenizer, logger, state.step, run.log_dir)
             validated = True
-            bar.write(f"rmkit: step {state.step}: {_summary(val_metrics)}")
+            bar.write(f"rmkit: step {state.step}: {summary(val_metrics, SHOWN)}")
         if when.save(state.step):
             extra = {"val_metrics": val_metrics, "log_window": dict(vars(window)), "log_sums": sums}
             save_training_checkpoint(cfg, state, val_metrics, extra, tokenizer)
     bar.close()
     if val and (cfg.dpo.val_at_end or not (validated or val_metrics)):
         val_metrics = run_validation(cfg, pair_logits, loss_fn, val, tokenizer, logger, state.step, run.log_dir)
-        _report(state.step, val_metrics)
+        report_validation(state.step, val_metrics, SHOWN)
 
     # --- the last checkpoint, the export (rank 0) and plots
     final_dir = finish_run(run, state, logger, val_metrics, tokenizer,
@@ -242,13 +243,3 @@ def train(cfg: DPOTree) -> RunResult:
 def _rates(window: StepWindow) -> dict[str, float]:
     pairs_per_s, tokens_per_s = window.rates()
     return {"train/pairs_per_s": pairs_per_s, "train/tokens_per_s": tokens_per_s}
-
-
-def _report(step: int, metrics: dict[str, float]) -> None:
-    if dist.is_main():
-        print(f"rmkit: step {step}: {_summary(metrics)}", file=sys.stderr)
-
-
-def _summary(metrics: dict[str, float]) -> str:
-    keys = [k for k in metrics if k.endswith(("/loss", "/accuracy", "/rewards_margin_mean"))]
-    return ", ".join(f"{k} {metrics[k]:.4f}" for k in keys)

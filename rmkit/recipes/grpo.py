@@ -50,7 +50,7 @@ from rmkit.trainer.rollout import (
     training_batch,
 )
 from rmkit.trainer.run import Cadence, RunResult, apply_update, finish_run, resume, run_batches, start_run
-from rmkit.trainer.run_log import RunLogger, announce, append_samples, open_logger
+from rmkit.trainer.run_log import RunLogger, announce, append_samples
 from rmkit.trainer.sharding import shard_policy
 from rmkit.trainer.state import TrainState, total_steps
 
@@ -118,11 +118,10 @@ def train(cfg: GRPOConfig) -> RunResult:
     scheduler = build_scheduler(optimizer, cfg.policy.scheduler, steps * updates_per_step)
     state = TrainState(model, optimizer, scheduler, sampler)
     loss_fn = ClippedPGLossFn(cfg.loss_fn)
-    saved = resume(run, state)
+    saved, logger = resume(run, state, steps)
     if run.resume_from:
         generators = saved["generators"]
         generator.set_state(generators[dist.rank()] if len(generators) == world else generators[0])
-    logger = open_logger(cfg, run.log_dir, state.step if run.resume_from else None, state.step >= steps)
     announce(f"GRPO on {cfg.policy.model_name}", model, f"{steps} steps of {cfg.grpo.num_prompts_per_step} prompts x "
              f"{cfg.grpo.num_generations_per_prompt}", device, cfg.policy.precision)
     val_metrics = saved.get("val_metrics", {})

@@ -11,7 +11,6 @@ split into micro-batches whose losses are divided by the global batch's counts (
 from __future__ import annotations
 
 import math
-import sys
 import time
 from collections.abc import Sequence
 
@@ -42,11 +41,13 @@ from rmkit.trainer.progress import ProgressBar, StepWindow
 from rmkit.trainer.resume import restore_rng, save_training_checkpoint
 from rmkit.trainer.run import Cadence, RunResult, apply_update, finish_run, resume, run_batches, start_run
 from rmkit.trainer.run_data import item_tokens, load_run_data, make_sampler
-from rmkit.trainer.run_log import RunLogger, announce, open_logger
+from rmkit.trainer.run_log import RunLogger, announce, report_validation, summary
 from rmkit.trainer.sharding import shard_reward_model
 from rmkit.trainer.state import TrainState, total_steps
 from rmkit.validation import validate, validate_regression
 from rmkit.wrappers import transformers_model
+
+SHOWN = ("/loss", "/acc")  # the headline validation metrics printed during a run
 
 
 def load_model(cfg: Config, device: torch.device):
@@ -164,14 +165,13 @@ def train(cfg: Config) -> RunResult:
     scheduler = build_scheduler(optimizer, cfg.policy.scheduler, steps)
     state = TrainState(model, optimizer, scheduler, sampler)
     step_fn = STEPS[cfg.policy.reward_model_cfg.reward_model_type]
-    saved = resume(run, state)
-    logger = open_logger(cfg, run.log_dir, state.step if run.resume_from else None, state.step >= steps)
+    saved, logger = resume(run, state, steps)
     announce(f"training {cfg.policy.model_name}", model, f"{steps} steps of {cfg.policy.train_global_batch_size}",
              device, cfg.policy.precision)
     val_metrics, val_rewards = saved.get("val_metrics", {}), {}
     if cfg.rm.val_at_start and data.val and not run.resume_from:
         val_metrics, val_rewards = run_validation(cfg, scorer, data, logger, state.step)
-        _report(state.step, val_metrics)
+        report_validation(state.step, val_metrics, SHOWN)
 
     # --- the loop
     if run.resume_from:
@@ -201,14 +201,14 @@ def train(cfg: Config) -> RunResult:
             window = StepWindow()
         if data.val and when.validate(state.step):
             val_metrics, val_rewards = run_validation(cfg, scorer, data, logger, state.step)
-            bar.write(f"rmkit: step {state.step}: {_summary(val_metrics)}")
+            bar.write(f"rmkit: step {state.step}: {summary(val_metrics, SHOWN)}")
         if when.save(state.step):
             extra = {"val_metrics": val_metrics, "log_window": dict(vars(window))}
             save_training_checkpoint(cfg, state, val_metrics, extra, tokenizer)
     bar.close()
     if data.val and (cfg.rm.val_at_end or not val_rewards):
         val_metrics, val_rewards = run_validation(cfg, scorer, data, logger, state.step)
-        _report(state.step, val_metrics)
+        report_validation(state.step, val_metrics, SHOWN)
 
     # --- the last checkpoint, the export (rank 0) and plots
     final_dir = finish_run(
@@ -224,13 +224,3 @@ def train(cfg: Config) -> RunResult:
     pairs_per_s, tokens_per_s = total.rates()
     return RunResult(final_dir, run.log_dir, state.step, val_metrics, {"pairs/s": pairs_per_s, "tokens/s": tokens_per_s},
                      plots)
-
-
-def _report(step: int, metrics: dict[str, float]) -> None:
-    if dist.is_main():
-        print(f"rmkit: step {step}: {_summary(metrics)}", file=sys.stderr)
-
-
-def _summary(metrics: dict[str, float]) -> str:
-    keys = [k for k in metrics if k.endswith(("/loss", "/acc"))]
-    return ", ".join(f"{k} {metrics[k]:.4f}" for k in keys)

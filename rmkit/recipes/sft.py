@@ -39,9 +39,11 @@ from rmkit.trainer.progress import ProgressBar, StepWindow
 from rmkit.trainer.resume import restore_rng, save_training_checkpoint
 from rmkit.trainer.run import Cadence, RunResult, apply_update, finish_run, resume, run_batches, start_run
 from rmkit.trainer.run_data import make_sampler, resolve_data_path
-from rmkit.trainer.run_log import announce, append_samples, open_logger
+from rmkit.trainer.run_log import announce, append_samples, report_validation, summary
 from rmkit.trainer.sharding import shard_policy
 from rmkit.trainer.state import TrainState, total_steps
+
+SHOWN = ("/loss", "/token_acc")  # the headline validation metrics printed during a run
 
 
 def load_demonstration_set(cfg: SFTTree, path: str, tokenizer, rejects: Path, label: str) -> list:
@@ -205,14 +207,13 @@ def train(cfg: SFTTree) -> RunResult:
     steps = total_steps(cfg.sft, len(sampler))
     scheduler = build_scheduler(optimizer, cfg.policy.scheduler, steps)
     state = TrainState(model, optimizer, scheduler, sampler)
-    saved = resume(run, state)
-    logger = open_logger(cfg, run.log_dir, state.step if run.resume_from else None, state.step >= steps)
+    saved, logger = resume(run, state, steps)
     announce(f"fine-tuning {cfg.policy.model_name}", model,
              f"{steps} steps of {cfg.policy.train_global_batch_size} sequences", device, cfg.policy.precision)
     val_metrics = saved.get("val_metrics", {})
     if cfg.sft.val_at_start and val and not run.resume_from:
         val_metrics = run_validation(cfg, model, tokenizer, val, logger, state.step, run.log_dir)
-        _report(state.step, val_metrics)
+        report_validation(state.step, val_metrics, SHOWN)
 
     # --- the loop
     if run.resume_from:
@@ -242,14 +243,14 @@ def train(cfg: SFTTree) -> RunResult:
             window = StepWindow()
         if val and when.validate(state.step):
             val_metrics = run_validation(cfg, model, tokenizer, val, logger, state.step, run.log_dir)
-            bar.write(f"rmkit: step {state.step}: {_summary(val_metrics)}")
+            bar.write(f"rmkit: step {state.step}: {summary(val_metrics, SHOWN)}")
         if when.save(state.step):
             extra = {"val_metrics": val_metrics, "log_window": dict(vars(window))}
             save_training_checkpoint(cfg, state, val_metrics, extra, tokenizer)
     bar.close()
     if val and (cfg.sft.val_at_end or not val_metrics):
         val_metrics = run_validation(cfg, model, tokenizer, val, logger, state.step, run.log_dir)
-        _report(state.step, val_metrics)
+        report_validation(state.step, val_metrics, SHOWN)
 
     # --- the last checkpoint, the export (rank 0) and plots
     final_dir = finish_run(run, state, logger, val_metrics, tokenizer,
@@ -269,13 +270,3 @@ def _train_metrics(window: StepWindow) -> dict[str, float]:
     """The window's means under SFT's names: token accuracy, sequences/s."""
     names = {"train/acc": "train/token_acc", "train/pairs_per_s": "train/sequences_per_s"}
     return {names.get(k, k): v for k, v in window.metrics().items()}
-
-
-def _report(step: int, metrics: dict[str, float]) -> None:
-    if dist.is_main():
-        print(f"rmkit: step {step}: {_summary(metrics)}", file=sys.stderr)
-
-
-def _summary(metrics: dict[str, float]) -> str:
-    keys = [k for k in metrics if k.endswith(("/loss", "/token_acc"))]
-    return ", ".join(f"{k} {metrics[k]:.4f}" for k in keys)

@@ -2,9 +2,9 @@
 
     run = start_run(cfg, cfg.dpo)                 threads, seed, torchrun, folders, the saved config
     ...the recipe builds its model, data, optimizer and `TrainState`...
-    saved = resume(run, state)                    weights, optimizer, schedule, sampler, step
-    logger = open_logger(...)                     metrics.jsonl and samples.jsonl rewound to match
-    when = Cadence(cfg, cfg.dpo, steps)
+    saved, logger = resume(run, state, steps)     weights, optimizer, schedule, sampler, step; the logs
+                                                  (metrics.jsonl, samples.jsonl) rewound to match
+    when = Cadence.of(cfg, cfg.dpo, steps)
     for indices in run_batches(state, steps, cfg.dpo.max_num_epochs):
         ...forward and backward (rmkit.trainer.accumulate)...
         lr, grad_norm = apply_update(state, loss, ...)   the finite check, then the optimizer step
@@ -34,7 +34,7 @@ from rmkit.trainer.checkpoint import list_checkpoints
 from rmkit.trainer.optim import optimizer_step
 from rmkit.trainer.resume import resolve_resume, restore_training_state, save_training_checkpoint
 from rmkit.trainer.run_data import check_data_paths
-from rmkit.trainer.run_log import SAMPLES
+from rmkit.trainer.run_log import SAMPLES, open_logger
 from rmkit.trainer.sharding import gather_full_model
 from rmkit.trainer.state import TrainState, seed_everything, set_threads
 
@@ -109,17 +109,17 @@ def set_aside_earlier_run(out_dir: Path, log_dir: Path) -> Path | None:
     return aside
 
 
-def resume(run: Run, state: TrainState) -> dict:
+def resume(run: Run, state: TrainState, steps: int):
     """Load the checkpoint the run continues into `state` (weights, optimizer, schedule, sampler position,
-    step, epoch); returns the saved trainer state (`{}` for a fresh run). Call `restore_rng(saved)` just
-    before the first step."""
-    if run.resume_from is None:
-        return {}
-    saved = restore_training_state(run.resume_from, state, run.device)
-    if dist.is_main():
+    step, epoch) and open the run's logger, its logs cut back to that step (`open_logger`; a run resumed at
+    its last step validates again). Returns `(saved trainer state, logger)`, the state `{}` for a fresh run;
+    call `restore_rng(saved)` just before the first step."""
+    saved = restore_training_state(run.resume_from, state, run.device) if run.resume_from else {}
+    if run.resume_from and dist.is_main():
         print(f"rmkit: resuming from {run.resume_from} (step {state.step}, epoch {state.epoch + 1})",
               file=sys.stderr)
-    return saved
+    resumed_step = state.step if run.resume_from else None
+    return saved, open_logger(run.cfg, run.log_dir, resumed_step, state.step >= steps)
 
 
 @dataclass

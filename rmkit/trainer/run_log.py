@@ -113,3 +113,14 @@ def announce(action: str, model: torch.nn.Module, length: str, device: torch.dev
         trainable, threads = sum(p.numel() for p in model.parameters() if p.requires_grad), torch.get_num_threads()
         print(f"rmkit: {action} ({trainable:,} trainable parameters) for {length} on {device} with "
               f"{threads} thread{'' if threads == 1 else 's'}, {precision}", file=sys.stderr)
+
+
+def summary(metrics: dict[str, float], endings: tuple[str, ...]) -> str:
+    """`name value, ...` of the metrics whose names end with one of `endings` (a recipe's headline metrics)."""
+    return ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k.endswith(endings))
+
+
+def report_validation(step: int, metrics: dict[str, float], endings: tuple[str, ...]) -> None:
+    """Print a validation's headline metrics (rank 0), as `rmkit: step N: ...`."""
+    if dist.is_main():
+        print(f"rmkit: step {step}: {summary(metrics, endings)}", file=sys.stderr)
