@@ -15,7 +15,7 @@ _MODULES = {
         "grpo_group_advantages", "kl_in_reward", "raw_reward_advantages", "reinforce_plus_plus_advantages",
         "response_mask"
     ),
-    "rmkit.losses.configs": ("ClippedPGLossConfig", "DPOLossConfig"),
+    "rmkit.losses.configs": ("ClippedPGLossConfig", "DPOLossConfig", "MseValueLossConfig"),
     "rmkit.losses.distillation": ("DistillationLossConfig", "DistillationLossFn"),
     "rmkit.losses.dpo": ("DPOLossFn",),
     "rmkit.losses.kl": ("calculate_kl", "KL_ESTIMATORS"),
@@ -28,7 +28,7 @@ _MODULES = {
     "rmkit.losses.protocol": ("LossFunction", "reduce_metrics"),
     "rmkit.losses.regression": ("regression_label_mask", "RegressionLoss"),
     "rmkit.losses.value": (
-        "aligned_values", "gae_advantages", "MseValueLossConfig", "MseValueLossFn", "token_level_rewards",
+        "aligned_values", "gae_advantages", "MseValueLossFn", "token_level_rewards",
         "value_explained_variance"
     ),
 }

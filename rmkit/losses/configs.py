@@ -220,3 +220,36 @@ def validate_dpo(cfg: dict | DPOLossConfig) -> dict:
     if cfg["preference_loss_weight"] < 0 or cfg["sft_loss_weight"] < 0:
         raise ValueError("DPOLossConfig: preference_loss_weight and sft_loss_weight must be >= 0")
     return dict(cfg)
+
+
+@dataclass
+class MseValueLossConfig:
+    """`value_loss_fn.*`: the critic's clipped value loss (`rmkit.losses.value.MseValueLossFn`), NeMo RL's
+    keys and the loss's defaults."""
+
+    section: ClassVar[str] = "value_loss_fn"
+
+    scale: float = 1.0
+    """Multiplies the loss."""
+    cliprange: float | None = None
+    """Clip the critic's new values to the rollout's values +- cliprange (PPO's value clipping); null or 0: off."""
+
+    def __post_init__(self):
+        try:
+            validate_value_loss(self)
+        except ValueError as err:
+            raise _as_config_error(self.section, VALUE_LOSS_KEYS, err) from None
+
+
+VALUE_LOSS_KEYS = tuple(f.name for f in fields(MseValueLossConfig))
+
+
+def validate_value_loss(cfg: dict | MseValueLossConfig) -> dict:
+    """`cfg` (any subset of the keys, or the dataclass) with the defaults filled in, checked: ValueError names
+    the key and what is wrong."""
+    cfg = asdict(cfg) if isinstance(cfg, MseValueLossConfig) else cfg
+    check_config_keys(cfg, set(), set(VALUE_LOSS_KEYS), "MseValueLossConfig")
+    cfg = {"scale": 1.0, "cliprange": None, **cfg}
+    if cfg["cliprange"] is not None and cfg["cliprange"] < 0:
+        raise ValueError(f"MseValueLossConfig: cliprange must be >= 0 or None, got {cfg['cliprange']}")
+    return cfg

@@ -12,12 +12,12 @@ the other losses take `next_token_logits`, and does the shift itself.
 
 from __future__ import annotations
 
-from typing import Any, TypedDict
+from typing import Any
 
 import torch
 
-from rmkit.losses.advantages import kl_in_reward
-from rmkit.losses.configs import check_config_keys
+from rmkit.losses.advantages import AllReduceSum, kl_in_reward
+from rmkit.losses.configs import MseValueLossConfig, validate_value_loss
 from rmkit.losses.masking import compute_dtype, masked_mean
 from rmkit.losses.nll import loss_token_mask
 
@@ -64,11 +64,13 @@ def _gae_scan(rewards, values, mask, gamma, lam) -> torch.Tensor:
     return torch.stack(out[::-1], dim=1)
 
 
-def _whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """NeMo RL's GAE whitening over the mask: unbiased var, 1e-8 in the divisors as it has them."""
-    n = mask.sum()
-    mean = (x * mask).sum() / (n + 1e-8)
-    var = ((x - mean) ** 2 * mask).sum() / (n + 1e-8) * (n / (n - 1))
+def _whiten(x: torch.Tensor, mask: torch.Tensor, all_reduce_sum: AllReduceSum | None = None) -> torch.Tensor:
+    """NeMo RL's GAE whitening over the mask: unbiased var, 1e-8 in the divisors as it has them; with
+    `all_reduce_sum` (data parallel) over every rank's tokens, as one batch."""
+    reduce = all_reduce_sum or (lambda t: t)
+    total, n = reduce(torch.stack([(x * mask).sum(), mask.sum()])).unbind()
+    mean = total / (n + 1e-8)
+    var = reduce(((x - mean) ** 2 * mask).sum()) / (n + 1e-8) * (n / (n - 1))
     return (x - mean) * torch.rsqrt(var + 1e-8)
 
 
@@ -88,6 +90,7 @@ def gae_advantages(
     reference_policy_kl_type: str = "k3",
     logprobs: torch.Tensor | None = None,
     reference_logprobs: torch.Tensor | None = None,
+    all_reduce_sum: AllReduceSum | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE advantages and returns (NeMo RL's GeneralizedAdvantageEstimator; config keys as its
     `adv_estimator` with `name: gae`).
@@ -104,6 +107,8 @@ def gae_advantages(
         values: `[B, S]` aligned with input_ids (module docstring; `aligned_values`).
         mask: `[B, S]` tokens the policy trains on (`response_mask(token_mask, sample_mask)`).
         logprobs / reference_logprobs: `[B, S]` aligned with input_ids, for the KL in the reward.
+        all_reduce_sum: data parallel: sums a tensor over the ranks, so `normalize_advantages` whitens
+            over every rank's tokens (the rows are split over ranks; the scan itself is per row).
 
     Returns:
         `(advantages [B, S], returns [B, S])`, both 0 outside the mask.
@@ -125,16 +130,9 @@ def gae_advantages(
     advantages = _gae_scan(token_rewards, values, mask, gae_gamma, lam_policy) if decoupled else value_adv
     valid = mask > 0
     if normalize_advantages:
-        advantages = _whiten(advantages, valid.to(dtype))
+        advantages = _whiten(advantages, valid.to(dtype), all_reduce_sum)
     zero = torch.zeros((), dtype=dtype, device=values.device)
     return torch.where(valid, advantages, zero), torch.where(valid, value_adv + values, zero)
-
-
-class MseValueLossConfig(TypedDict, total=False):
-    """Keys of `MseValueLossFn`'s config (NeMo RL's `value_loss_fn`); both optional."""
-
-    scale: float  # multiplies the loss. Default 1.0
-    cliprange: float | None  # clip V around the rollout's values by +-cliprange; None or 0: off. Default None
 
 
 class MseValueLossFn:
@@ -154,14 +152,10 @@ class MseValueLossFn:
     (inf / -inf without a valid token), `num_valid_samples` (sum of sample_mask).
     """
 
-    def __init__(self, cfg: MseValueLossConfig | None = None):
-        cfg = {} if cfg is None else dict(cfg)
-        check_config_keys(cfg, set(), {"scale", "cliprange"}, "MseValueLossConfig")
-        self.scale = float(cfg.get("scale", 1.0))
-        cliprange = cfg.get("cliprange")
-        if cliprange is not None and cliprange < 0:
-            raise ValueError(f"MseValueLossConfig: cliprange must be >= 0 or None, got {cliprange}")
-        self.cliprange = cliprange or None
+    def __init__(self, cfg: dict | MseValueLossConfig | None = None):
+        cfg = validate_value_loss({} if cfg is None else cfg)
+        self.scale = float(cfg["scale"])
+        self.cliprange = cfg["cliprange"] or None
 
     def __call__(
         self,

@@ -110,5 +110,11 @@ def shared_prefix_logits(model: torch.nn.Module, groups: Sequence[Group], pad_to
     order; right-padded to S, the longest), computed with each prompt once. `model` is a causal LM (plain,
     DDP-unwrapped or peft). Values at padding positions are arbitrary: callers mask them, as for any padding."""
     logits = model(**packed_inputs(model, groups, pad_token_id), use_cache=False).logits
+    return unshared_layout(logits, groups)
+
+
+def unshared_layout(per_position: torch.Tensor, groups: Sequence[Group]) -> torch.Tensor:
+    """A per-position output of the shared rows `[B, L, ...]` laid out as the unshared rows `[prompt, cont_k]`
+    would give it: `[R, S, ...]` (padding positions arbitrary)."""
     rows, index, _ = _unshared_index(groups)
-    return logits[rows.to(logits.device)[:, None], index.to(logits.device)]
+    return per_position[rows.to(per_position.device)[:, None], index.to(per_position.device)]

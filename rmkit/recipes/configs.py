@@ -1,4 +1,4 @@
-"""The config trees of the policy recipes (`rmkit sft`, `rmkit dpo`, `rmkit grpo`), torch-free so the command line
+"""The config trees of the policy recipes (`rmkit sft`, `rmkit dpo`, `rmkit grpo`, `rmkit ppo`), torch-free so the command line
 checks a config before torch loads. Each tree's loop section extends `rmkit.config.LoopConfig`; its other
 sections are the shared ones of `rmkit.config`, with the recipe's defaults as default values (a YAML file or an
 override is laid over them); loss keys are the losses' own configs (`rmkit.losses.configs`). Key names follow
@@ -23,10 +23,11 @@ from rmkit.config import (
     Precision,
     SamplingParams,
     SchedulerConfig,
+    TokenizerConfig,
     _check,
 )
 from rmkit.data.demonstrations import DEMONSTRATION_FORMATS
-from rmkit.losses.configs import ClippedPGLossConfig, DPOLossConfig
+from rmkit.losses.configs import ClippedPGLossConfig, DPOLossConfig, MseValueLossConfig
 
 # ---------------------------------------------------------------- rmkit sft
 
@@ -166,16 +167,102 @@ class AdvEstimatorConfig:
 
 
 @dataclass
-class GRPOLoopConfig(LoopConfig):
-    """The loop (`grpo.*`). `max_num_steps` counts steps of one rollout batch each (`rollout /
-    policy.train_global_batch_size` optimizer steps)."""
+class RewardScalingConfig:
+    """`<loop>.reward_scaling.*` (NeMo RL's): rewards clamped to `[source_min, source_max]`, then mapped linearly
+    onto `[target_min, target_max]`, before any advantage is computed."""
 
-    section: ClassVar[str] = "grpo"
+    enabled: bool = False
+    """Scale the rewards."""
+    source_min: float = 0.0
+    """The reward range expected from the reward model: lower end (rewards below are clamped)."""
+    source_max: float = 1.0
+    """Upper end (rewards above are clamped)."""
+    target_min: float = 0.0
+    """Where source_min lands."""
+    target_max: float = 1.0
+    """Where source_max lands."""
+
+
+@dataclass
+class RewardShapingConfig:
+    """`<loop>.reward_shaping.*` (NeMo RL's, after DAPO): a penalty on completions by how they ended. With
+    `stop_properly_penalty_coef`, a truncated completion's reward is multiplied by it (and the overlong keys
+    are not used); otherwise a completion longer than `max_response_length - overlong_buffer_length` tokens
+    loses `overlong_buffer_penalty` per `overlong_buffer_length` tokens beyond it."""
+
+    enabled: bool = False
+    """Shape the rewards."""
+    overlong_buffer_length: int | None = None
+    """Tokens over which the overlong penalty grows to `overlong_buffer_penalty`."""
+    overlong_buffer_penalty: float | None = None
+    """The penalty at `max_response_length` tokens."""
+    max_response_length: int | None = None
+    """Completion length at which the full penalty applies."""
+    stop_properly_penalty_coef: float | None = None
+    """In [0, 1]: a truncated completion (no EOS within max_new_tokens) keeps this share of its reward."""
+
+
+@dataclass
+class RLLoopConfig(LoopConfig):
+    """The loop keys both RL recipes have (`grpo.*`, `ppo.*`): rollouts, validation, what is done to the rewards,
+    and the guards against reward hacking. `max_num_steps` counts steps of one rollout batch each."""
 
     num_prompts_per_step: int = 8
     """Prompts per step (over all data-parallel ranks); each is sampled `num_generations_per_prompt` times."""
     num_generations_per_prompt: int = 4
-    """G: completions per prompt; the group whose rewards give each completion's baseline."""
+    """Completions per prompt (GRPO: the group whose rewards give each completion's baseline)."""
+    max_val_samples: int = 32
+    """Held-out prompts per validation (one completion each)."""
+    val_batch_size: int = 32
+    """Held-out prompts generated for together."""
+    reward_scaling: RewardScalingConfig = field(default_factory=RewardScalingConfig)
+    """Map the rewards from one range onto another."""
+    reward_shaping: RewardShapingConfig = field(default_factory=RewardShapingConfig)
+    """Penalize truncated or overlong completions."""
+    kl_target: float | None = None
+    """Adaptive KL control (InstructGPT-style PPO, OpenRLHF's `kl_target`): after each step the KL coefficient
+    `loss_fn.reference_policy_kl_penalty` is multiplied by `1 + clip(KL / kl_target - 1, -0.2, 0.2) * n /
+    kl_horizon` (n: the step's completions), so the KL to the reference is held near this; null: a fixed
+    coefficient."""
+    kl_horizon: int = 10000
+    """Completions over which the adaptive KL coefficient moves by the clipped error."""
+    length_collapse_ratio: float = 0.5
+    """Warn when the held-out mean completion length falls below this share of its step-0 value (reward
+    hacking by saying little); 0: never."""
+    kl_runaway_factor: float = 3.0
+    """Warn when the step's KL to the reference exceeds this many times `kl_target` (or, without a target, when
+    it exceeds 1.0 nats per token); 0: never."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        for key in ("num_prompts_per_step", "num_generations_per_prompt", "max_val_samples", "val_batch_size",
+                    "kl_horizon"):
+            _check(getattr(self, key) >= 1, f"{self.section}.{key}", "must be >= 1")
+        _check(self.kl_target is None or self.kl_target > 0, f"{self.section}.kl_target", "must be > 0 or null")
+        _check(0 <= self.length_collapse_ratio < 1, f"{self.section}.length_collapse_ratio", "must be in [0, 1)")
+        _check(self.kl_runaway_factor >= 0, f"{self.section}.kl_runaway_factor", "must be >= 0")
+        scaling, shaping = self.reward_scaling, self.reward_shaping
+        _check(scaling.source_max > scaling.source_min, f"{self.section}.reward_scaling.source_max",
+               "must be above source_min")
+        coef = shaping.stop_properly_penalty_coef
+        key = f"{self.section}.reward_shaping"
+        _check(coef is None or 0 <= coef <= 1, f"{key}.stop_properly_penalty_coef", "must be in [0, 1]")
+        overlong = (shaping.overlong_buffer_length, shaping.overlong_buffer_penalty, shaping.max_response_length)
+        _check(not shaping.enabled or coef is not None or None not in overlong, f"{key}.enabled",
+               "needs stop_properly_penalty_coef, or all of overlong_buffer_length, overlong_buffer_penalty and "
+               "max_response_length")
+        _check(shaping.overlong_buffer_length is None or shaping.overlong_buffer_length >= 1,
+               f"{key}.overlong_buffer_length", "must be >= 1")
+        _check(shaping.overlong_buffer_penalty is None or shaping.overlong_buffer_penalty >= 0,
+               f"{key}.overlong_buffer_penalty", "must be >= 0")
+
+
+@dataclass
+class GRPOLoopConfig(RLLoopConfig):
+    """The loop (`grpo.*`). A step is one rollout, `rollout / policy.train_global_batch_size` optimizer steps."""
+
+    section: ClassVar[str] = "grpo"
+
     normalize_rewards: bool = True
     """GRPO: divide each advantage by its group's reward std (rows whose std is 0 are left as they are)."""
     use_leave_one_out_baseline: bool = True
@@ -186,22 +273,16 @@ class GRPOLoopConfig(LoopConfig):
     """Clamp advantages below (after normalization); null: unclipped."""
     advantage_clip_high: float | None = None
     """Clamp advantages above; null: unclipped."""
-    max_val_samples: int = 32
-    """Held-out prompts per validation (one completion each)."""
-    val_batch_size: int = 32
-    """Held-out prompts generated for together."""
 
     def __post_init__(self):
         super().__post_init__()
-        for key in ("num_prompts_per_step", "num_generations_per_prompt", "max_val_samples", "val_batch_size"):
-            _check(getattr(self, key) >= 1, f"grpo.{key}", "must be >= 1")
         low, high = self.advantage_clip_low, self.advantage_clip_high
         _check(low is None or high is None or low <= high, "grpo.advantage_clip_low", "must be <= advantage_clip_high")
 
 
 @dataclass
-class GRPOPolicyConfig(PolicyConfig):
-    """`policy.*`: the shared policy section (a causal LM here) plus generation. `train_global_batch_size`
+class RLPolicyConfig(PolicyConfig):
+    """`policy.*` of the RL recipes: the shared policy section (a causal LM here) plus generation. `train_global_batch_size`
     counts completions per optimizer step; a rollout of `num_prompts_per_step * num_generations_per_prompt`
     completions gives that divided by it optimizer steps."""
 
@@ -264,7 +345,7 @@ class GRPOConfig:
 
     grpo: GRPOLoopConfig = field(default_factory=lambda: GRPOLoopConfig(max_num_steps=100, val_period=10, log_period=1))
     loss_fn: ClippedPGLossConfig = field(default_factory=ClippedPGLossConfig)
-    policy: GRPOPolicyConfig = field(default_factory=lambda: GRPOPolicyConfig(
+    policy: RLPolicyConfig = field(default_factory=lambda: RLPolicyConfig(
         model_name="smollm2", train_global_batch_size=32, train_micro_batch_size=8, max_total_sequence_length=512))
     env: EnvConfig = field(default_factory=EnvConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -273,14 +354,150 @@ class GRPOConfig:
     logger: LoggerConfig = field(default_factory=LoggerConfig)
 
     def __post_init__(self):
-        _check(not self.policy.compile, "policy.compile", "not supported by rmkit grpo yet; set policy.compile=false")
-        _check(self.policy.generation.temperature > 0, "policy.generation.temperature",
-               "must be > 0 (GRPO samples its rollouts)")
-        rollout = self.grpo.num_prompts_per_step * self.grpo.num_generations_per_prompt
-        g = self.policy.train_global_batch_size
-        _check(rollout % g == 0, "policy.train_global_batch_size",
-               f"({g}) must divide the rollout batch num_prompts_per_step * num_generations_per_prompt ({rollout})")
-        gen = self.policy.generation
-        _check(gen.max_new_tokens < self.policy.max_total_sequence_length, "policy.generation.max_new_tokens",
-               f"({gen.max_new_tokens}) must be below policy.max_total_sequence_length "
-               f"({self.policy.max_total_sequence_length}), which holds prompt + completion")
+        check_rollout_layout(self.grpo, self.policy, "grpo")
+
+
+def check_rollout_layout(loop: RLLoopConfig, policy: RLPolicyConfig, recipe: str) -> None:
+    """What both RL trees need of the policy: sampling, a rollout that splits into whole optimizer steps, room
+    for the completion."""
+    _check(not policy.compile, "policy.compile", f"not supported by rmkit {recipe} yet; set policy.compile=false")
+    _check(policy.generation.temperature > 0, "policy.generation.temperature",
+           f"must be > 0 ({recipe} samples its rollouts)")
+    rollout = loop.num_prompts_per_step * loop.num_generations_per_prompt
+    g = policy.train_global_batch_size
+    _check(rollout % g == 0, "policy.train_global_batch_size",
+           f"({g}) must divide the rollout batch num_prompts_per_step * num_generations_per_prompt ({rollout})")
+    gen = policy.generation
+    _check(gen.max_new_tokens < policy.max_total_sequence_length, "policy.generation.max_new_tokens",
+           f"({gen.max_new_tokens}) must be below policy.max_total_sequence_length "
+           f"({policy.max_total_sequence_length}), which holds prompt + completion")
+
+
+# ---------------------------------------------------------------- rmkit ppo
+
+
+@dataclass
+class GAEConfig:
+    """`ppo.adv_estimator.*` (NeMo RL's `gae` estimator, `rmkit.losses.value.gae_advantages`): per-token
+    advantages and the critic's returns from the reward at the last token, the KL in the reward (with
+    `loss_fn.use_kl_in_reward`) and the critic's values."""
+
+    name: Literal["gae"] = "gae"
+    """The estimator; PPO's is GAE (for critic-free estimators use `rmkit grpo`)."""
+    gae_lambda: float = 0.95
+    """lambda: 0 is one-step TD (low variance, biased by the critic), 1 the Monte Carlo return."""
+    gae_gamma: float = 1.0
+    """Discount per token."""
+    normalize_advantages: bool = True
+    """Whiten the advantages over the rollout's tokens (all ranks'), not the returns."""
+    gae_lambda_value: float | None = None
+    """VAPO: lambda for the critic's returns alone (1.0: Monte Carlo returns); null: gae_lambda."""
+    gae_lambda_policy: float | None = None
+    """VAPO: lambda for the policy's advantages alone; null: gae_lambda (or length-adaptive)."""
+    length_adaptive_alpha: float = 0.0
+    """VAPO: the policy's lambda per completion `1 - 1 / (alpha * length)`; 0: off."""
+
+    def __post_init__(self):
+        for key in ("gae_lambda", "gae_gamma", "gae_lambda_value", "gae_lambda_policy"):
+            value = getattr(self, key)
+            _check(value is None or 0 <= value <= 1, f"ppo.adv_estimator.{key}", "must be in [0, 1]")
+        _check(self.length_adaptive_alpha >= 0, "ppo.adv_estimator.length_adaptive_alpha", "must be >= 0")
+
+
+@dataclass
+class PPOLoopConfig(RLLoopConfig):
+    """The loop (`ppo.*`, NeMo RL's `examples/configs/ppo_math_1B.yaml`). A step is one rollout, then
+    `ppo_epochs` passes over it, each `rollout / policy.train_global_batch_size` optimizer steps of the critic
+    and the policy."""
+
+    section: ClassVar[str] = "ppo"
+
+    ppo_epochs: int = 4
+    """Passes over each rollout (the ratio to the rollout's policy is clipped from the second on)."""
+    policy_training_start_step: int = 0
+    """Steps in which only the critic trains (critic warmup); the policy's learning rate is 0 until then."""
+    adv_estimator: GAEConfig = field(default_factory=GAEConfig)
+    """Generalized advantage estimation."""
+    seq_logprob_error_threshold: float | None = None
+    """Leave out of the update a completion whose mean `exp(|generation - training log-prob|)` exceeds this
+    (the sampler and the trainer disagree); null: only logged."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check(self.ppo_epochs >= 1, "ppo.ppo_epochs", "must be >= 1")
+        _check(self.policy_training_start_step >= 0, "ppo.policy_training_start_step", "must be >= 0")
+        threshold = self.seq_logprob_error_threshold
+        _check(threshold is None or threshold >= 1, "ppo.seq_logprob_error_threshold", "must be >= 1 or null")
+
+
+@dataclass
+class ValueConfig:
+    """`value.*`: the critic, a causal LM with a scalar head giving a value at every token. It trains beside the
+    policy, on the same rollout rows in the same optimizer steps, with its own optimizer settings; sequence
+    length, threads and sharding follow `policy.*`."""
+
+    model_name: str | None = None
+    """null: the reward model (`env.reward_model.model_name`) when it is a causal-LM classifier with the
+    policy's tokenizer (NeMo Aligner, OpenRLHF), else the policy's weights with a fresh scalar head (NeMo RL).
+    A directory or hub id: that model (a classifier keeps its head; a causal LM gets a fresh one)."""
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    """The critic's tokenizer; it must be the policy's (the critic reads the policy's token ids)."""
+    train_global_batch_size: int | None = None
+    """Completions per critic optimizer step; null: policy.train_global_batch_size (the only value allowed)."""
+    train_micro_batch_size: int | None = None
+    """Completions per critic forward/backward and per value pass; null: policy.train_micro_batch_size."""
+    precision: Precision | None = None
+    """null: policy.precision."""
+    optimizer: OptimizerConfig = field(default_factory=lambda: OptimizerConfig(lr=2e-6, weight_decay=0.1))
+    """AdamW settings of the critic."""
+    scheduler: SchedulerConfig = field(default_factory=lambda: SchedulerConfig(name="constant", warmup_steps=0))
+    """The critic's learning-rate schedule."""
+    max_grad_norm: float | None = 1.0
+    """Clip the critic's gradient norm to this; null: no clipping."""
+    gradient_checkpointing: bool = False
+    """Recompute the critic's activations in backward."""
+
+    def __post_init__(self):
+        _check(self.max_grad_norm is None or self.max_grad_norm > 0, "value.max_grad_norm", "must be > 0 or null")
+        for key in ("train_global_batch_size", "train_micro_batch_size"):
+            value = getattr(self, key)
+            _check(value is None or value >= 1, f"value.{key}", "must be >= 1 or null")
+
+    def as_policy(self, policy: PolicyConfig, model_name: str) -> PolicyConfig:
+        """The critic as the shared machinery takes a model's settings (`PolicyConfig`): its own where it has
+        them, the policy's otherwise (length, threads, sharding)."""
+        return PolicyConfig(
+            model_name=model_name, tokenizer=self.tokenizer, train_global_batch_size=policy.train_global_batch_size,
+            train_micro_batch_size=self.train_micro_batch_size or policy.train_micro_batch_size,
+            max_total_sequence_length=policy.max_total_sequence_length, precision=self.precision or policy.precision,
+            optimizer=self.optimizer, scheduler=self.scheduler, max_grad_norm=self.max_grad_norm,
+            gradient_checkpointing=self.gradient_checkpointing, num_threads=policy.num_threads,
+            dtensor_cfg=policy.dtensor_cfg)
+
+
+@dataclass
+class PPOConfig:
+    """The whole `rmkit ppo` config: SmolLM2-135M-Instruct policy, the critic chosen by `value.model_name`, 8
+    prompts x 4 completions per step, 4 PPO epochs, GAE (lambda 0.95, gamma 1, whitened), value clipping 0.2."""
+
+    ppo: PPOLoopConfig = field(default_factory=lambda: PPOLoopConfig(max_num_steps=100, val_period=10, log_period=1))
+    loss_fn: ClippedPGLossConfig = field(default_factory=ClippedPGLossConfig)
+    value_loss_fn: MseValueLossConfig = field(default_factory=lambda: MseValueLossConfig(cliprange=0.2))
+    value: ValueConfig = field(default_factory=ValueConfig)
+    policy: RLPolicyConfig = field(default_factory=lambda: RLPolicyConfig(
+        model_name="smollm2", train_global_batch_size=32, train_micro_batch_size=8, max_total_sequence_length=512))
+    env: EnvConfig = field(default_factory=EnvConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpointing: CheckpointingConfig = field(default_factory=lambda: CheckpointingConfig(
+        checkpoint_dir="results/ppo", metric_name="validation/reward_mean", higher_is_better=True, save_period=10))
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+
+    def __post_init__(self):
+        check_rollout_layout(self.ppo, self.policy, "ppo")
+        g = self.value.train_global_batch_size
+        _check(g is None or g == self.policy.train_global_batch_size, "value.train_global_batch_size",
+               f"({g}) must equal policy.train_global_batch_size ({self.policy.train_global_batch_size}): the "
+               "critic and the policy take their optimizer steps together; set it to null")
+        m = self.value.train_micro_batch_size
+        _check(m is None or self.policy.train_global_batch_size % m == 0, "value.train_micro_batch_size",
+               f"({m}) must divide policy.train_global_batch_size ({self.policy.train_global_batch_size})")

@@ -1,0 +1,65 @@
+"""The PPO critic: a decoder sequence classifier whose scalar head is read at every token, not only the last.
+
+`values[b, t]` of the head is V(input_ids[b, :t + 1]), the value of the state after token t (the layout of
+`rmkit.losses.value`'s `value_head_output`; `aligned_values` shifts it to the state in which token t is
+generated). A bidirectional encoder cannot be a critic: its output at token t has seen the tokens after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig
+
+from rmkit.models.reward import find_gguf_file, load_reward_model, uses_last_token_pooling
+from rmkit.models.shared_prefix import Group, packed_inputs, unshared_layout
+from rmkit.wrappers import transformers_model
+
+
+def is_scalar_classifier(name_or_path: str | Path) -> bool:
+    """Whether the checkpoint is a sequence classifier with one output (a reward model's head, kept as the
+    critic's); a causal LM or a classifier of several labels is not."""
+    gguf_file = find_gguf_file(name_or_path)
+    config = AutoConfig.from_pretrained(str(name_or_path), **({"gguf_file": gguf_file} if gguf_file else {}))
+    classifier = any(a.endswith("ForSequenceClassification") for a in (config.architectures or []))
+    return classifier and config.num_labels == 1
+
+
+def load_critic(name_or_path: str | Path, dtype: torch.dtype = torch.float32):
+    """`(model, tokenizer, kept_head)`: a one-output classifier keeps its head (`kept_head` True: a reward model
+    starts the critic); any other checkpoint gets a fresh scalar head on its backbone. Raises ValueError for
+    a model that does not read tokens causally (an encoder)."""
+    kept_head = is_scalar_classifier(name_or_path)
+    model, tokenizer = load_reward_model(name_or_path, num_labels=None if kept_head else 1, dtype=dtype)
+    if not uses_last_token_pooling(model):
+        raise ValueError(f"{name_or_path} is a {type(model).__name__}, an encoder: its output at a token has seen the "
+                         "tokens after it, so it cannot give a value per token. A critic needs a decoder (a causal "
+                         "LM, or a reward model trained on one)")
+    return model, tokenizer, kept_head
+
+
+class TokenValues(torch.nn.Module):
+    """`forward(input_ids, attention_mask, position_ids) -> [B, L]` float32: the critic's head at every position.
+    The module a training loop calls (and DDP wraps); `self.model` is the transformers classifier."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        reader = transformers_model(self.model)
+        backbone = getattr(reader, reader.base_model_prefix)
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                          use_cache=False).last_hidden_state
+        return reader.score(hidden).squeeze(-1).float()
+
+
+def shared_prefix_values(forward: torch.nn.Module, critic: torch.nn.Module, groups: Sequence[Group],
+                         pad_token_id: int) -> torch.Tensor:
+    """The head's values `[R, S]` of the unshared rows `[prompt, cont_k]` (group by group, right-padded), each
+    prompt computed once (`rmkit.models.shared_prefix`). `forward` is `TokenValues` (or DDP around it);
+    `critic` the transformers classifier inside (its config says which attention mask it takes)."""
+    return unshared_layout(forward(**packed_inputs(critic, groups, pad_token_id)), groups)
