@@ -12,8 +12,8 @@ _MODULES = {
     "rmkit.data.records": ("MISSING_LABEL",),
     "rmkit.losses.advantages": (
         "clip_advantages", "consecutive_groups", "gdpo_advantages", "group_baseline_and_std",
-        "grpo_group_advantages", "kl_in_reward", "raw_reward_advantages", "reinforce_plus_plus_advantages",
-        "response_mask"
+        "grpo_group_advantages", "kl_in_reward", "opd_advantages", "opd_metrics", "raw_reward_advantages",
+        "reinforce_plus_plus_advantages", "response_mask"
     ),
     "rmkit.losses.configs": ("ClippedPGLossConfig", "DPOLossConfig", "MseValueLossConfig"),
     "rmkit.losses.distillation": ("DistillationLossConfig", "DistillationLossFn"),

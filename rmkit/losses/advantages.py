@@ -3,7 +3,8 @@
 GRPO https://arxiv.org/abs/2402.03300 (group baseline, std normalization), RLOO
 https://arxiv.org/abs/2402.14740 (leave-one-out baseline), GDPO https://arxiv.org/abs/2601.05242
 (one group-normalized advantage per reward component), Reinforce++ https://arxiv.org/abs/2501.03262
-(global normalization, optional KL in the reward).
+(global normalization, optional KL in the reward), on-policy distillation https://arxiv.org/abs/2601.02780
+(MOPD: the teacher-minus-student log-prob gap of each sampled token as its advantage).
 
 Groups are given by an explicit `group_index` `[N]` of ints (any values; equal value = same prompt;
 rows of a group need not be consecutive and groups may have different sizes). NeMo RL instead
@@ -301,3 +302,85 @@ def raw_reward_advantages(rewards: torch.Tensor, mask: torch.Tensor, normalize_a
     critic-free option); `normalize_advantages` whitens it over the mask as Reinforce++ does."""
     adv = rewards[:, None].expand(mask.shape)
     return _global_whiten(adv, mask.to(adv.dtype)) if normalize_advantages else adv
+
+
+OPD_METRIC_NAMES = (
+    "on_policy_distillation/teacher_student_logprob_gap_mean",
+    "on_policy_distillation/adv_mean",
+    "on_policy_distillation/adv_std",
+)
+
+
+def _opd_gap(teacher_logprobs, prev_logprobs, mask) -> tuple[torch.Tensor, torch.Tensor]:
+    """Checked inputs -> (`sg(teacher - prev)` `[B, S]` in the compute dtype, `mask != 0`)."""
+    for name, value in (("teacher_logprobs", teacher_logprobs), ("prev_logprobs", prev_logprobs)):
+        if value is None:  # NeMo RL's message; a recipe may pass batch.get(...)
+            raise ValueError(f"OPD requires {name}")
+        if not value.is_floating_point():
+            raise ValueError(f"{name} must be floating point log-probs, got {value.dtype}")
+    if mask.dim() != 2 or teacher_logprobs.shape != mask.shape or prev_logprobs.shape != mask.shape:
+        raise ValueError(
+            f"teacher_logprobs {tuple(teacher_logprobs.shape)}, prev_logprobs {tuple(prev_logprobs.shape)} and mask "
+            f"{tuple(mask.shape)} must all be [B, S], aligned with the same input_ids (pad a shorter teacher with 0)")
+    wide = torch.float64 in (teacher_logprobs.dtype, prev_logprobs.dtype)
+    dtype = torch.float64 if wide else torch.float32
+    return (teacher_logprobs.to(dtype) - prev_logprobs.to(dtype)).detach(), mask != 0
+
+
+def opd_advantages(
+    teacher_logprobs: torch.Tensor | None, prev_logprobs: torch.Tensor | None, mask: torch.Tensor
+) -> torch.Tensor:
+    """On-policy distillation advantages `[B, S]` (NeMo RL's OPDAdvantageEstimator, `adv_estimator.name: opd`;
+    MOPD https://arxiv.org/abs/2601.02780, Eq. 8):
+
+        A[b, t] = sg(teacher_logprobs[b, t] - prev_logprobs[b, t]) * mask[b, t]
+
+    The teacher's log-prob of each token the student sampled minus the student's: a per-token reward that
+    is the negated k1 estimate of KL(student || teacher) at that token, so the policy gradient pulls the
+    student toward the teacher using only the sampled tokens' teacher log-probs (not its logits over the
+    vocabulary, as `DistillationLossFn` needs). No rewards, groups or normalization. NeMo RL trains on it with
+    `ClippedPGLossFn` as REINFORCE (`disable_ppo_ratio: true`) behind the ICE-POP gate
+    (`use_importance_sampling_correction: true`, `truncated_importance_sampling_type: icepop`), warning when
+    one of these is not set; its MOPD guide also sets `reference_policy_kl_penalty: 0`.
+
+    Alignment (docs/design.md): both log-probs are `[B, S]` aligned with input_ids, position t holding
+    log p(input_ids[b, t] | input_ids[b, :t]) and 0 at position 0; the teacher's come from the same
+    input_ids (so the teacher shares the student's tokenizer), e.g. `aligned_logprobs(teacher_logits,
+    input_ids)`. `prev_logprobs` must be the student's real log-probs (NeMo RL refuses a config that would
+    zero them: `force_on_policy_ratio` without `seq_logprob_error_threshold`).
+
+    Differences from NeMo RL, none on finite inputs with a 0/1 mask: positions outside the mask are exactly 0
+    (NeMo RL multiplies by the mask: a non-finite log-prob there would become NaN and reach the loss); the
+    gap is computed in float32 (float64 if either input is), not in the inputs' dtype; shapes are checked
+    (NeMo RL's loop first pads a shorter teacher row with zeros, `_pad_teacher_logprobs`); the unused
+    `prompt_ids` and `rewards` are not taken; the metrics are `opd_metrics`, not state on an object.
+
+    Args:
+        teacher_logprobs: `[B, S]` the teacher's log-probs of the sampled tokens (NeMo RL's batch key
+            `teacher_reference_logprobs`).
+        prev_logprobs: `[B, S]` the student's, from the weights that sampled (before the update).
+        mask: `[B, S]` tokens the policy trains on (`response_mask(token_mask, sample_mask)`).
+
+    Returns:
+        `[B, S]` detached advantages, as `ClippedPGLossFn` takes them; 0 outside the mask.
+    """
+    gap, valid = _opd_gap(teacher_logprobs, prev_logprobs, mask)
+    return torch.where(valid, gap * mask.to(gap.dtype), torch.zeros((), dtype=gap.dtype, device=gap.device))
+
+
+def opd_metrics(
+    teacher_logprobs: torch.Tensor | None, prev_logprobs: torch.Tensor | None, mask: torch.Tensor
+) -> dict[str, torch.Tensor]:
+    """NeMo RL's OPD metrics (`OPDAdvantageEstimator.last_metrics`), over the tokens where `mask != 0`: the
+    mean teacher-minus-student gap, and the mean and unbiased std of `opd_advantages` (std 0 with fewer than
+    two tokens, everything 0 with none). Detached 0-dim tensors left on the device (NeMo RL returns floats,
+    one sync each); over data-parallel ranks, call it on the gathered tensors."""
+    adv = opd_advantages(teacher_logprobs, prev_logprobs, mask)
+    gap, valid = _opd_gap(teacher_logprobs, prev_logprobs, mask)
+    count = valid.sum().to(gap.dtype)
+    zero = torch.zeros((), dtype=gap.dtype, device=gap.device)
+    gap_mean = torch.where(valid, gap, zero).sum() / count.clamp(min=1)
+    adv_mean = adv.sum() / count.clamp(min=1)
+    sq_dev = torch.where(valid, (adv - adv_mean) ** 2, zero).sum()
+    adv_std = torch.where(count > 1, (sq_dev / (count - 1).clamp(min=1)).sqrt(), zero)
+    return dict(zip(OPD_METRIC_NAMES, (gap_mean, adv_mean, adv_std)))
