@@ -16,11 +16,8 @@ export. One step, as NeMo RL's `grpo_train` does it:
 
 from __future__ import annotations
 
-import contextlib
-import copy
-import sys
 import time
-from pathlib import Path
+from dataclasses import replace
 
 import torch
 
@@ -37,20 +34,29 @@ from rmkit.trainer.accumulate import accumulate
 from rmkit.trainer.export import export_policy
 from rmkit.trainer.optim import build_optimizer, build_scheduler
 from rmkit.trainer.plots import plot_curves
+from rmkit.trainer.policy_update import clipped_fraction, mean_over_updates
 from rmkit.trainer.progress import ProgressBar
 from rmkit.trainer.resume import restore_rng, save_training_checkpoint
+from rmkit.trainer.rl_guards import HackingWatch, KLCoefficient
+from rmkit.trainer.rl_validation import run_validation, warn
 from rmkit.trainer.rollout import (
     batch_logprobs,
+    check_rollout_split,
     generate_rollout,
     load_prompt_set,
     policy_logits,
+    reference_policy,
+    restore_rl_loop_state,
+    rl_loop_state,
+    rollout_metrics,
     row_logprobs,
     score_rollout,
+    shaped_rewards,
     slice_rows,
     training_batch,
 )
 from rmkit.trainer.run import Cadence, RunResult, apply_update, finish_run, resume, run_batches, start_run
-from rmkit.trainer.run_log import RunLogger, announce, append_samples
+from rmkit.trainer.run_log import announce
 from rmkit.trainer.sharding import shard_policy
 from rmkit.trainer.state import TrainState, total_steps
 
@@ -58,41 +64,16 @@ CURVES = {"reward": ["train/reward", "validation/reward_mean"], "KL to the refer
           "generated tokens": ["train/mean_gen_tokens_per_sample", "validation/mean_gen_tokens_per_sample"]}
 
 
-def reference_policy(cfg: GRPOConfig, model, info: dist.DistInfo):
-    """A context manager factory giving the reference policy (the initial weights), or None when the loss has
-    no KL term. LoRA: the same model with its adapters disabled (no second copy); else a frozen deep copy,
-    taken before any checkpoint is restored (and before the policy is sharded), sharded like the policy
-    under FSDP2."""
-    if cfg.loss_fn.reference_policy_kl_penalty == 0:
-        return None
-    if cfg.policy.lora.enabled:
-        return lambda: model.disable_adapter()
-    frozen = copy.deepcopy(model).eval().requires_grad_(False)
-    if cfg.policy.dtensor_cfg.enabled:
-        shard_policy(frozen, cfg.policy, info)
-    return lambda: contextlib.nullcontext(frozen)
-
-
-def check_layout(cfg: GRPOConfig, world: int) -> None:
-    """Every rank gets whole prompt groups and whole micro-batches."""
-    p, g, m = cfg.grpo.num_prompts_per_step, cfg.policy.train_global_batch_size, cfg.policy.train_micro_batch_size
-    if p % world:
-        raise ConfigError("grpo.num_prompts_per_step", f"{p} prompts do not divide among {world} processes")
-    if g % (world * m):
-        raise ConfigError("policy.train_global_batch_size", f"{g} is not a multiple of {world} processes x "
-                          f"train_micro_batch_size {m}")
-
-
 def train(cfg: GRPOConfig) -> RunResult:
     """Optimize the policy against the reward model as `cfg` says; the policy goes to `<checkpoint_dir>/final/`."""
     run = start_run(cfg, cfg.grpo)  # threads, seed, torchrun, folders, the saved config
     device, world = run.device, dist.world_size()
-    check_layout(cfg, world)
+    check_rollout_split(cfg.grpo, cfg.policy, world)
     check_environment(cfg.env.reward_model)  # a wrong reward-model path fails before the policy loads
 
     # --- policy, reference, reward environment, prompts
     model, tokenizer = load_training_policy(cfg.policy, device)
-    reference = reference_policy(cfg, model, run.info)
+    reference = reference_policy(model, cfg.policy, run.info, needed=cfg.loss_fn.reference_policy_kl_penalty > 0)
     if cfg.policy.dtensor_cfg.enabled:  # FSDP2 under torchrun: shard the model in place (gradients summed)
         shard_policy(model, cfg.policy, run.info)
         trained = model
@@ -117,16 +98,17 @@ def train(cfg: GRPOConfig) -> RunResult:
     optimizer = build_optimizer(model, cfg.policy.optimizer)
     scheduler = build_scheduler(optimizer, cfg.policy.scheduler, steps * updates_per_step)
     state = TrainState(model, optimizer, scheduler, sampler)
-    loss_fn = ClippedPGLossFn(cfg.loss_fn)
+    kl = KLCoefficient(cfg.loss_fn.reference_policy_kl_penalty, cfg.grpo.kl_target, cfg.grpo.kl_horizon)
+    watch = HackingWatch.of(cfg.grpo)
     saved, logger = resume(run, state, steps)
     if run.resume_from:
-        generators = saved["generators"]
-        generator.set_state(generators[dist.rank()] if len(generators) == world else generators[0])
+        restore_rl_loop_state(saved, generator, kl, watch)
     announce(f"GRPO on {cfg.policy.model_name}", model, f"{steps} steps of {cfg.grpo.num_prompts_per_step} prompts x "
              f"{cfg.grpo.num_generations_per_prompt}", device, cfg.policy.precision)
     val_metrics = saved.get("val_metrics", {})
     if cfg.grpo.val_at_start and not run.resume_from:
-        val_metrics = run_validation(cfg, model, tokenizer, env, val_prompts, params, logger, run.log_dir, 0)
+        val_metrics = run_validation(cfg.grpo, model, tokenizer, env, val_prompts, params, logger, run.log_dir, 0,
+                                     watch)
 
     # --- the loop
     if run.resume_from:
@@ -136,28 +118,34 @@ def train(cfg: GRPOConfig) -> RunResult:
     for indices in run_batches(state, steps, cfg.grpo.max_num_epochs):
         step_start = time.perf_counter()
         prompts = [train_prompts[i] for i in indices]
+        loss_fn = ClippedPGLossFn(replace(cfg.loss_fn, reference_policy_kl_penalty=kl.value))
         metrics = grpo_step(cfg, state, trained, tokenizer, env, reference, loss_fn, prompts, params, generator)
         state.step += 1
         metrics["timing/train/total_step_time"] = time.perf_counter() - step_start
+        metrics["train/kl_coefficient"] = kl.value
+        kl.update(metrics["train/kl_penalty"], rollout_size)
+        warn(watch.after_step(state.step, metrics["train/kl_penalty"]), logger, state.step)
         bar.advance(reward=metrics["train/reward"], kl=metrics["train/kl_penalty"],
                     gen_tokens=metrics["train/mean_gen_tokens_per_sample"])
         if when.log(state.step):
             logger.log(metrics, state.step)
         if when.validate(state.step):
-            val_metrics = run_validation(cfg, model, tokenizer, env, val_prompts, params, logger, run.log_dir,
-                                         state.step)
+            val_metrics = run_validation(cfg.grpo, model, tokenizer, env, val_prompts, params, logger, run.log_dir,
+                                         state.step, watch)
         if when.save(state.step):
-            save_checkpoint(cfg, state, val_metrics, generator, tokenizer)
+            save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics,
+                                                               **rl_loop_state(generator, kl, watch)}, tokenizer)
     bar.close()
     if cfg.grpo.val_at_end or not val_metrics:
-        val_metrics = run_validation(cfg, model, tokenizer, env, val_prompts, params, logger, run.log_dir, state.step)
+        val_metrics = run_validation(cfg.grpo, model, tokenizer, env, val_prompts, params, logger, run.log_dir,
+                                     state.step, watch)
     env.shutdown()
 
-    # --- the last checkpoint (with every rank's sampling generator), the export (rank 0) and plots
+    # --- the last checkpoint (with every rank's sampling generator, the KL coefficient), the export (rank 0), plots
     final_dir = finish_run(run, state, logger, val_metrics, tokenizer,
                            export=lambda whole, folder: export_policy(whole, tokenizer, folder, cfg),
                            load_unsharded=lambda: load_training_policy(cfg.policy, torch.device("cpu"))[0],
-                           extra={"generators": dist.all_gather_object(generator.get_state())})
+                           extra=rl_loop_state(generator, kl, watch))
     plots = []
     if cfg.logger.plots and dist.is_main():
         plots = [p for p in [plot_curves(logger.history, run.log_dir / "grpo_curves.png", CURVES)] if p]
@@ -178,7 +166,7 @@ def grpo_step(cfg, state, trained, tokenizer, env, reference, loss_fn, prompts, 
                                f"policy.optimizer.lr (now {policy.optimizer.lr}) or raise "
                                "loss_fn.reference_policy_kl_penalty, and resume from the last checkpoint.") from None
     timing["generation"], t0 = time.perf_counter() - t0, time.perf_counter()
-    rewards = score_rollout(env, rollout, state.step)
+    rewards = shaped_rewards(cfg.grpo, score_rollout(env, rollout, state.step), rollout)
     timing["reward_calculation"], t0 = time.perf_counter() - t0, time.perf_counter()
     batch = training_batch(rollout, tokenizer.pad_token_id)
     if needs_prev_logprobs_pass(cfg, len(batch["input_ids"])):  # else update_policy takes them on the way
@@ -190,7 +178,8 @@ def grpo_step(cfg, state, trained, tokenizer, env, reference, loss_fn, prompts, 
                                                                 policy.train_micro_batch_size, params.temperature,
                                                                 policy.precision)
     timing["policy_and_reference_logprobs"], t0 = time.perf_counter() - t0, time.perf_counter()
-    batch["advantages"] = compute_advantages(cfg, rewards, rollout.group_index, batch)
+    batch["advantages"] = compute_advantages(cfg, rewards, rollout.group_index, batch,
+                                             loss_fn.cfg["reference_policy_kl_penalty"])
     batch["rewards"] = rewards
     train_metrics = update_policy(cfg, state, trained, batch, loss_fn, params.temperature)
     timing["policy_training"] = time.perf_counter() - t0
@@ -198,8 +187,10 @@ def grpo_step(cfg, state, trained, tokenizer, env, reference, loss_fn, prompts, 
     return {**metrics, **{f"timing/train/{k}": v for k, v in timing.items()}}
 
 
-def compute_advantages(cfg, rewards: torch.Tensor, group_index: torch.Tensor, batch: dict) -> torch.Tensor:
-    """Advantages per row `[N]` (GRPO) or per token `[N, S]` (Reinforce++), clipped per `grpo.advantage_clip_*`."""
+def compute_advantages(cfg, rewards: torch.Tensor, group_index: torch.Tensor, batch: dict,
+                       kl_penalty: float) -> torch.Tensor:
+    """Advantages per row `[N]` (GRPO) or per token `[N, S]` (Reinforce++, with `kl_penalty` times the KL in the
+    reward when `loss_fn.use_kl_in_reward`), clipped per `grpo.advantage_clip_*`."""
     grpo, estimator = cfg.grpo, cfg.grpo.adv_estimator
     if estimator.name == "grpo":
         adv = grpo_group_advantages(rewards, group_index, use_leave_one_out_baseline=grpo.use_leave_one_out_baseline,
@@ -209,7 +200,7 @@ def compute_advantages(cfg, rewards: torch.Tensor, group_index: torch.Tensor, ba
         mask = batch["token_mask"] * batch["sample_mask"][:, None]
         adv = reinforce_plus_plus_advantages(
             rewards, mask, group_index, minus_baseline=estimator.minus_baseline,
-            use_kl_in_reward=loss.use_kl_in_reward, reference_policy_kl_penalty=loss.reference_policy_kl_penalty,
+            use_kl_in_reward=loss.use_kl_in_reward, reference_policy_kl_penalty=kl_penalty,
             reference_policy_kl_type=loss.reference_policy_kl_type, logprobs=batch.get("prev_logprobs"),
             reference_logprobs=batch.get("reference_policy_logprobs"), all_reduce_sum=dist.all_reduce_sum)
     return clip_advantages(adv, grpo.advantage_clip_low, grpo.advantage_clip_high)
@@ -247,7 +238,7 @@ def update_policy(cfg, state, trained, batch, loss_fn, temperature) -> dict[str,
             if "prev_logprobs" not in mb:
                 mb["prev_logprobs"] = row_logprobs(logits, mb["input_ids"])
             loss, metrics = loss_fn(logits, mb, gvs, gvt)
-            metrics["clipped_fraction"] = clipped_fraction(cfg, logits.detach(), mb, gvt)
+            metrics["clipped_fraction"] = clipped_fraction(cfg.loss_fn, logits.detach(), mb, gvt)
             return loss, metrics
 
         metrics = reduce_metrics(accumulate(trained, list(range(0, per_rank, micro)), run_micro))
@@ -256,98 +247,4 @@ def update_policy(cfg, state, trained, batch, loss_fn, temperature) -> dict[str,
             state, loss, policy.max_grad_norm, f"Lower policy.optimizer.lr (now {policy.optimizer.lr}), set "
                                                "policy.max_grad_norm, or check the rewards of this rollout.")
         steps.append(metrics)
-    return _mean_over_updates(steps)
-
-
-@torch.no_grad()
-def clipped_fraction(cfg, logits, mb, gvt) -> torch.Tensor:
-    """The share of the global batch's tokens whose ratio exp(curr - prev) fell outside the clip range."""
-    from rmkit.losses.logprobs import next_token_logprobs
-
-    if cfg.loss_fn.disable_ppo_ratio:
-        return torch.zeros((), device=logits.device)
-    ratio = torch.exp(next_token_logprobs(logits, mb["input_ids"]) - mb["prev_logprobs"][:, 1:])
-    out = (ratio < 1 - cfg.loss_fn.ratio_clip_min) | (ratio > 1 + cfg.loss_fn.ratio_clip_max)
-    mask = mb["token_mask"][:, 1:] * mb["sample_mask"][:, None]
-    return (out.float() * mask).sum() / gvt.clamp(min=1)
-
-
-def _mean_over_updates(steps: list[dict]) -> dict[str, float]:
-    out = {}
-    for key in steps[0]:
-        values = torch.stack([torch.as_tensor(s[key], dtype=torch.float64).cpu() for s in steps])
-        if key.endswith(("_min", "_max")):  # the reduction over ranks too
-            value = dist.all_reduce(values.amin() if key.endswith("_min") else values.amax(), key[-3:])
-        elif key in ("lr", "grad_norm"):
-            value = values.mean()
-        else:  # each rank holds its part of the globally normalized value
-            value = dist.all_reduce_sum(values.mean())
-        out[f"train/{key}"] = float(value)
-    return out
-
-
-def rollout_metrics(rollout, rewards: torch.Tensor, batch: dict, generation_s: float) -> dict[str, float]:
-    """Reward, group spread, advantages (over the generated tokens), lengths and truncation over all ranks'
-    completions."""
-    rewards_all = dist.all_gather_cat(rewards)
-    groups = dist.all_gather_cat(rollout.group_index)
-    lengths = dist.all_gather_cat(torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32))
-    truncated = dist.all_gather_cat(rollout.truncated.float())
-    adv = batch["advantages"]
-    adv_tokens = dist.all_gather_cat(
-        (adv[:, None].expand_as(batch["token_mask"]) if adv.dim() == 1 else adv)[batch["token_mask"] > 0])
-    spread = [rewards_all[groups == g].std(unbiased=False) for g in groups.unique()]
-    return {
-        "train/reward": rewards_all.mean().item(),
-        "train/reward_std": rewards_all.std().item() if len(rewards_all) > 1 else 0.0,
-        "train/fraction_of_groups_with_zero_std": sum(float(s == 0) for s in spread) / len(spread),
-        "train/advantages/mean": adv_tokens.mean().item() if adv_tokens.numel() else 0.0,
-        "train/advantages/max": adv_tokens.max().item() if adv_tokens.numel() else 0.0,
-        "train/advantages/min": adv_tokens.min().item() if adv_tokens.numel() else 0.0,
-        "train/mean_gen_tokens_per_sample": lengths.mean().item(),
-        "train/truncation_rate": truncated.mean().item(),
-        "train/generated_tokens_per_s": lengths.sum().item() / max(generation_s, 1e-9),
-    }
-
-
-def run_validation(cfg, model, tokenizer, env, val_sets: dict[str, list], params, logger: RunLogger, log_dir: Path,
-                   step: int) -> dict:
-    """One completion per held-out prompt (the first `max_val_samples` over the sets in order, this rank's
-    share), sampled from a generator seeded the same way each time; logs `validation/reward_mean` (and std,
-    length) and appends the generations with their rewards to `<log_dir>/samples.jsonl`."""
-    named = [(name, p) for name, prompts in val_sets.items() for p in prompts][:cfg.grpo.max_val_samples]
-    if not named:  # no data.val_data_paths
-        return {}
-    first, named = named[0][1], dist.shard(named)
-    prompts, mine = [p for _, p in named], len(named)
-    if dist.is_sharded(model):  # FSDP2: as many generate calls on every rank; the extra completions are dropped
-        prompts += [first] * (int(dist.all_reduce(torch.tensor(mine), "max")) - mine)
-    generator = torch.Generator().manual_seed(cfg.grpo.seed + 7919 * (dist.rank() + 1))
-    try:
-        rollout = generate_rollout(model, tokenizer, prompts, 0, 1, params, cfg.grpo.val_batch_size, generator)
-    except TrainingDiverged as err:
-        raise TrainingDiverged(f"{err} during the validation after step {step}") from None
-    rewards = score_rollout(env, rollout, step - 1)
-    samples = [{"set": name, "source": p.source, "prompt": p.prompt, "completion": t, "reward": r, "truncated": bool(c)}
-               for (name, p), t, r, c in zip(named, rollout.text, rewards.tolist(), rollout.truncated)]
-    samples = [s for part in dist.all_gather_object(samples) for s in part]
-    rewards_all = torch.tensor([s["reward"] for s in samples])
-    lengths = dist.all_gather_cat(torch.tensor([len(c) for c in rollout.completion_ids[:mine]], dtype=torch.float32))
-    metrics = {"validation/reward_mean": rewards_all.mean().item(),
-               "validation/reward_std": rewards_all.std().item() if len(samples) > 1 else 0.0,
-               "validation/mean_gen_tokens_per_sample": lengths.mean().item(),
-               "validation/num_samples": float(len(samples))}
-    logger.log(metrics, step)
-    path = append_samples(log_dir, step, samples)
-    if dist.is_main():
-        print(f"rmkit: step {step}: validation/reward_mean {metrics['validation/reward_mean']:.4f} "
-              f"(std {metrics['validation/reward_std']:.4f}, {metrics['validation/mean_gen_tokens_per_sample']:.1f} "
-              f"tokens) -> {path}", file=sys.stderr)
-    return metrics
-
-
-def save_checkpoint(cfg, state, val_metrics: dict, generator: torch.Generator, tokenizer) -> None:
-    """`save_training_checkpoint` with every rank's sampling generator (resume reproduces the rollouts); the
-    last one is `finish_run`'s."""
-    generators = dist.all_gather_object(generator.get_state())
-    save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics, "generators": generators}, tokenizer)
+    return mean_over_updates(steps)

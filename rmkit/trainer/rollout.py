@@ -1,6 +1,7 @@
 """Rollouts for the RL recipes (GRPO, PPO): prompts ready to sample, completions sampled and laid out as training
-tensors, rewards from the environment, and a policy's per-token log-probs of such a batch, the completions of
-one prompt computed with the prompt once.
+tensors, rewards from the environment (scaled and shaped as the loop says), a policy's per-token log-probs of
+such a batch (the completions of one prompt computed with the prompt once), the frozen reference policy, and
+the rollout's metrics.
 
 Tensors follow docs/design.md: right-padded rows `[B, S]` of prompt + completion; per-token tensors
 (`generation_logprobs`, `prev_logprobs`, `reference_policy_logprobs`) aligned with `input_ids` (position t
@@ -11,6 +12,8 @@ consecutive and share its group index).
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,12 +25,14 @@ from rmkit.config import SamplingParams
 from rmkit.data import write_rejects
 from rmkit.data.prompts import load_prompts
 from rmkit.data.tokenize import as_messages, render_prompt
-from rmkit.errors import DataError, RolloutFailed
+from rmkit.errors import ConfigError, DataError, RolloutFailed
 from rmkit.generation import generate_completions
 from rmkit.losses.logprobs import next_token_logprobs
+from rmkit.losses.rewards import overlong_penalty, scale_rewards, stop_properly_penalty
 from rmkit.models.setup import autocast
 from rmkit.models.shared_prefix import Group, shared_prefix_logits
 from rmkit.trainer.run_data import resolve_data_path
+from rmkit.trainer.sharding import shard_policy
 
 
 @dataclass
@@ -203,3 +208,83 @@ def slice_rows(batch: dict, start: int, stop: int, device: torch.device | None =
     width = int(batch["attention_mask"][start:stop].sum(1).max())
     return {k: (v[start:stop, :width] if v.dim() == 2 else v[start:stop]).to(device or v.device)
             for k, v in batch.items()}
+
+
+def check_rollout_split(loop, policy, world: int) -> None:
+    """Every rank gets whole prompt groups and whole micro-batches (`loop`: `grpo.*` or `ppo.*`)."""
+    p, g, m = loop.num_prompts_per_step, policy.train_global_batch_size, policy.train_micro_batch_size
+    if p % world:
+        raise ConfigError(f"{loop.section}.num_prompts_per_step", f"{p} prompts do not divide among {world} processes")
+    if g % (world * m):
+        raise ConfigError("policy.train_global_batch_size", f"{g} is not a multiple of {world} processes x "
+                          f"train_micro_batch_size {m}")
+
+
+def reference_policy(model, policy, info: dist.DistInfo, needed: bool):
+    """A context manager factory giving the reference policy (the initial weights), or None when not `needed`
+    (no KL term). LoRA: the same model with its adapters disabled (no second copy); else a frozen deep copy,
+    taken before any checkpoint is restored (and before the policy is sharded), sharded like the policy
+    under FSDP2."""
+    if not needed:
+        return None
+    if policy.lora.enabled:
+        return lambda: model.disable_adapter()
+    frozen = copy.deepcopy(model).eval().requires_grad_(False)
+    if policy.dtensor_cfg.enabled:
+        shard_policy(frozen, policy, info)
+    return lambda: contextlib.nullcontext(frozen)
+
+
+def shaped_rewards(loop, rewards: torch.Tensor, rollout: Rollout) -> torch.Tensor:
+    """The rewards after `loop.reward_scaling` and then `loop.reward_shaping` (NeMo RL's order; `rmkit.losses.rewards`)."""
+    scaling, shaping = loop.reward_scaling, loop.reward_shaping
+    if scaling.enabled:
+        rewards = scale_rewards(rewards, scaling.source_min, scaling.source_max, scaling.target_min,
+                                scaling.target_max)
+    if shaping.enabled and shaping.stop_properly_penalty_coef is not None:
+        rewards = stop_properly_penalty(rewards, rollout.truncated, shaping.stop_properly_penalty_coef)
+    elif shaping.enabled:
+        lengths = torch.tensor([len(c) for c in rollout.completion_ids])
+        rewards = overlong_penalty(rewards, lengths, shaping.overlong_buffer_length, shaping.overlong_buffer_penalty,
+                                   shaping.max_response_length)
+    return rewards
+
+
+def rollout_metrics(rollout: Rollout, rewards: torch.Tensor, batch: dict, generation_s: float) -> dict[str, float]:
+    """Reward, group spread, advantages (over the generated tokens), lengths and truncation over all ranks'
+    completions (NeMo RL's names)."""
+    rewards_all = dist.all_gather_cat(rewards)
+    groups = dist.all_gather_cat(rollout.group_index)
+    lengths = dist.all_gather_cat(torch.tensor([len(c) for c in rollout.completion_ids], dtype=torch.float32))
+    truncated = dist.all_gather_cat(rollout.truncated.float())
+    adv, mask = batch["advantages"], batch["token_mask"] * batch["sample_mask"][:, None]
+    adv_tokens = dist.all_gather_cat((adv[:, None].expand_as(mask) if adv.dim() == 1 else adv)[mask > 0])
+    spread = [rewards_all[groups == g].std(unbiased=False) for g in groups.unique()]
+    return {
+        "train/reward": rewards_all.mean().item(),
+        "train/reward_std": rewards_all.std().item() if len(rewards_all) > 1 else 0.0,
+        "train/fraction_of_groups_with_zero_std": sum(float(s == 0) for s in spread) / len(spread),
+        "train/advantages/mean": adv_tokens.mean().item() if adv_tokens.numel() else 0.0,
+        "train/advantages/max": adv_tokens.max().item() if adv_tokens.numel() else 0.0,
+        "train/advantages/min": adv_tokens.min().item() if adv_tokens.numel() else 0.0,
+        "train/mean_gen_tokens_per_sample": lengths.mean().item(),
+        "train/truncation_rate": truncated.mean().item(),
+        "train/generated_tokens_per_s": lengths.sum().item() / max(generation_s, 1e-9),
+    }
+
+
+def rl_loop_state(generator: torch.Generator, kl, watch) -> dict:
+    """What an RL run keeps in its checkpoints besides the weights: every rank's sampling generator (so the
+    rollouts repeat exactly on resume; a collective), the KL coefficient (`rl_guards.KLCoefficient`) and the
+    reward-hacking watch's state. Call on every rank."""
+    return {"generators": dist.all_gather_object(generator.get_state()), "kl_coefficient": kl.value,
+            "hacking_watch": watch.state()}
+
+
+def restore_rl_loop_state(saved: dict, generator: torch.Generator, kl, watch) -> None:
+    """`rl_loop_state` back from a checkpoint's trainer state (rank 0's generator when the process count changed)."""
+    generators = saved["generators"]
+    generator.set_state(generators[dist.rank()] if len(generators) == dist.world_size() else generators[0])
+    kl.value = saved.get("kl_coefficient", kl.value)
+    if "hacking_watch" in saved:
+        watch.load(saved["hacking_watch"])

@@ -17,7 +17,7 @@ from rmkit.recipes import grpo
 from rmkit.recipes.configs import GRPOConfig
 from rmkit.recipes.grpo import compute_advantages
 from rmkit.trainer.optim import build_optimizer, build_scheduler
-from rmkit.trainer.rollout import PromptItem, generate_rollout, training_batch
+from rmkit.trainer.rollout import PromptItem, generate_rollout, reference_policy, training_batch
 from rmkit.trainer.state import TrainState
 
 
@@ -71,12 +71,13 @@ def test_rollout_layout_and_group_advantages(tiny_policy):
         assert torch.equal(batch["generation_logprobs"][row, len(p.ids):n], lp)
         assert batch["attention_mask"][row].sum() == n
     rewards = torch.tensor([1.0, 2.0, 4.0, 3.0, 3.0, 0.5])
-    adv = compute_advantages(cfg, rewards, rollout.group_index, batch)
+    adv = compute_advantages(cfg, rewards, rollout.group_index, batch, 0.01)
     torch.testing.assert_close(adv, torch.tensor(_grpo_advantages_by_hand(rewards.tolist(), [0, 0, 0, 1, 1, 1])))
-    rloo = compute_advantages(_cfg(tiny_policy, "grpo.normalize_rewards=false"), rewards, rollout.group_index, batch)
+    rloo = compute_advantages(_cfg(tiny_policy, "grpo.normalize_rewards=false"), rewards, rollout.group_index, batch,
+                              0.01)
     torch.testing.assert_close(rloo, torch.tensor([1 - 3.0, 2 - 2.5, 4 - 1.5, 3 - 1.75, 3 - 1.75, 0.5 - 3.0]))
     rpp = compute_advantages(_cfg(tiny_policy, "grpo.adv_estimator.name=reinforce_plus_plus"), rewards,
-                             rollout.group_index, batch)
+                             rollout.group_index, batch, 0.01)
     assert rpp.shape == batch["input_ids"].shape  # per token, whitened over the generated tokens
     mask = batch["token_mask"] > 0
     assert abs(rpp[mask].mean().item()) < 1e-5
@@ -112,7 +113,8 @@ def _run_steps(cfg, env, steps, generator_seed=0):
     model, tokenizer = load_training_policy(cfg.policy, torch.device("cpu"))
     optimizer = build_optimizer(model, cfg.policy.optimizer)
     scheduler = build_scheduler(optimizer, cfg.policy.scheduler, 100)
-    reference = grpo.reference_policy(cfg, model, DistInfo(0, 1, 0, torch.device("cpu")))
+    reference = reference_policy(model, cfg.policy, DistInfo(0, 1, 0, torch.device("cpu")),
+                                 needed=cfg.loss_fn.reference_policy_kl_penalty > 0)
     loss_fn = ClippedPGLossFn(cfg.loss_fn)
     generator = torch.Generator().manual_seed(generator_seed)
     params = cfg.policy.generation
