@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "data": ("rmkit.cli.data", "check and inspect preference data files"),
     "parity": ("rmkit.cli.parity", "score a file through every path and report the largest reward difference"),
     "grpo": ("rmkit.cli.recipes", "optimize a policy against a reward model with GRPO (configs/grpo_rm.yaml)"),
+    "ppo": ("rmkit.cli.recipes", "optimize a policy against a reward model with PPO and a critic (configs/ppo_rm.yaml)"),
 }
 
 USAGE = "usage: rmkit [--version] {" + ",".join(SUBCOMMANDS) + "} ...\n\n" + "\n".join(

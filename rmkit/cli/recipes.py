@@ -1,4 +1,4 @@
-"""The training commands, one table: `rmkit {train,sft,dpo,grpo} --config CONFIG.yaml [--resume]
+"""The training commands, one table: `rmkit {train,sft,dpo,grpo,ppo} --config CONFIG.yaml [--resume]
 [section.key=value ...]`.
 
 Each recipe is a row: its config tree and `train` function (imported only once the config is valid, so a bad
@@ -86,6 +86,14 @@ RECIPES = {
         "policy.generation.max_new_tokens=32",
         "YAML config (e.g. configs/grpo_rm.yaml; default: all defaults)",
         None, ("/reward_mean", "/reward_std", "/mean_gen_tokens_per_sample"), "Policy", _POLICY_USE),
+    "ppo": Recipe(
+        "rmkit.recipes.configs:PPOConfig", "rmkit.recipes.ppo:train",
+        "PPO with a critic: optimize a policy (causal LM) against a reward model (in process or a running rmkit "
+        "serve), with a learned value per token and GAE. Overrides use dotted keys, e.g. ppo.max_num_steps=20 "
+        "env.reward_model.model_name=results/rm/final value.model_name=null ppo.kl_target=0.05",
+        "YAML config (e.g. configs/ppo_rm.yaml; default: all defaults)",
+        None, ("/reward_mean", "/reward_std", "/mean_gen_tokens_per_sample"), "Policy (the critic in critic/)",
+        _POLICY_USE),
 }
 
 

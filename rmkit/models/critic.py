@@ -7,13 +7,16 @@ generated). A bidirectional encoder cannot be a critic: its output at token t ha
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig
 
+from rmkit.errors import ConfigError
 from rmkit.models.reward import find_gguf_file, load_reward_model, uses_last_token_pooling
+from rmkit.models.setup import resolve_model_name
 from rmkit.models.shared_prefix import Group, packed_inputs, unshared_layout
 from rmkit.wrappers import transformers_model
 
@@ -63,3 +66,31 @@ def shared_prefix_values(forward: torch.nn.Module, critic: torch.nn.Module, grou
     prompt computed once (`rmkit.models.shared_prefix`). `forward` is `TokenValues` (or DDP around it);
     `critic` the transformers classifier inside (its config says which attention mask it takes)."""
     return unshared_layout(forward(**packed_inputs(critic, groups, pad_token_id)), groups)
+
+
+def shares_vocabulary(policy_tokenizer, critic_tokenizer) -> bool:
+    """Whether every token of the policy's vocabulary has the same id in the critic's (which may add tokens of its
+    own, e.g. a reward model's pad token): then the critic reads the policy's token ids as the same text."""
+    critic_vocab = critic_tokenizer.get_vocab()
+    return all(critic_vocab.get(token) == index for token, index in policy_tokenizer.get_vocab().items())
+
+
+class ActorCritic(torch.nn.Module):
+    """The policy and its critic as one module: one checkpoint (`policy.*` and `critic.*` weights) and one
+    optimizer over both; the training loop calls each on its own."""
+
+    def __init__(self, policy: torch.nn.Module, critic: torch.nn.Module):
+        super().__init__()
+        self.policy = policy
+        self.critic = critic
+
+
+def check_critic_path(name: str, key: str) -> None:
+    """A ConfigError naming `key` when `name` (a packaged alias resolved) is neither on disk nor a Hugging Face
+    Hub id (`org/name`, no part of it on disk): checked before any model loads."""
+    if Path(resolve_model_name(name)).expanduser().exists():
+        return
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", name) and not Path(name.split("/")[0]).exists():
+        return
+    raise ConfigError(key, f"no such model directory: {name} (give a decoder reward model, a causal LM, or null to "
+                           "let rmkit choose)")

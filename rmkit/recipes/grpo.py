@@ -103,7 +103,7 @@ def train(cfg: GRPOConfig) -> RunResult:
     saved, logger = resume(run, state, steps)
     if run.resume_from:
         restore_rl_loop_state(saved, generator, kl, watch)
-    announce(f"GRPO on {cfg.policy.model_name}", model, f"{steps} steps of {cfg.grpo.num_prompts_per_step} prompts x "
+    announce(f"GRPO on {cfg.policy.model_name}", model, f"{steps} step{'' if steps == 1 else 's'} of {cfg.grpo.num_prompts_per_step} prompts x "
              f"{cfg.grpo.num_generations_per_prompt}", device, cfg.policy.precision)
     val_metrics = saved.get("val_metrics", {})
     if cfg.grpo.val_at_start and not run.resume_from:

@@ -288,3 +288,29 @@ def restore_rl_loop_state(saved: dict, generator: torch.Generator, kl, watch) ->
     kl.value = saved.get("kl_coefficient", kl.value)
     if "hacking_watch" in saved:
         watch.load(saved["hacking_watch"])
+
+
+def mask_logprob_mismatch(batch: dict, threshold: float | None) -> dict[str, float]:
+    """NeMo RL's sequence-level probability error: per completion, the mean over its tokens of
+    `exp(|generation_logprobs - prev_logprobs|)` (1 when the sampler and the trainer agree exactly). With a
+    `threshold`, completions above it leave the update (`sample_mask` 0). Returns its min / mean / max over
+    all ranks' completions, before and after the mask, and how many were masked (`train/...`). Raises
+    RolloutFailed when no completion is left."""
+    mask = batch["token_mask"][:, 1:] * batch["sample_mask"][:, None]
+    tokens = mask.sum(-1)
+    counted = tokens > 0
+    error = (batch["generation_logprobs"] - batch["prev_logprobs"]).abs()[:, 1:]
+    per_sequence = (torch.exp(error * mask) * mask).sum(-1) / tokens.clamp(min=1)
+    over = counted & (per_sequence > threshold) if threshold is not None else torch.zeros_like(counted)
+    if threshold is not None:
+        batch["sample_mask"] = batch["sample_mask"] * (~over).to(batch["sample_mask"].dtype)
+    before, after = dist.all_gather_cat(per_sequence[counted]), dist.all_gather_cat(per_sequence[counted & ~over])
+    masked = int(dist.all_reduce_sum(over.sum().float()).item())
+    if threshold is not None and after.numel() == 0:
+        raise RolloutFailed(f"every completion's sequence probability error exceeds ppo.seq_logprob_error_threshold "
+                            f"({threshold}); raise it or set it to null")
+    metrics = {"train/num_masked_seqs_by_logprob_error": float(masked)}
+    for suffix, values in (("", before), ("_after_mask", after)):
+        for name, reduce in (("max", torch.max), ("mean", torch.mean), ("min", torch.min)):
+            metrics[f"train/{name}_seq_mult_prob_error{suffix}"] = reduce(values).item() if values.numel() else 0.0
+    return metrics

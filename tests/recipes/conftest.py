@@ -59,3 +59,10 @@ def _one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def ppo_overrides(policy: str, reward_model: str, train: Path, val: Path, out: Path, steps: int = 2) -> list[str]:
+    """A tiny, fast PPO run: GRPO's tiny layout (4 prompts x 2 completions, two optimizer steps per pass) with two
+    PPO epochs; the critic starts from the tiny reward model (same tokenizer as the policy)."""
+    return [arg.replace("grpo.", "ppo.") for arg in grpo_overrides(policy, reward_model, train, val, out, steps)] + [
+        "ppo.ppo_epochs=2", "value.optimizer.lr=1e-3", "value.train_micro_batch_size=1"]

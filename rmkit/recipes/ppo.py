@@ -1,0 +1,389 @@
+"""The PPO recipe, top to bottom: config -> policy, reference and critic -> reward environment -> prompts -> loop ->
+export. One step, as NeMo RL's `ppo_train` does it:
+
+1. rollouts: `num_prompts_per_step` prompts (this rank's share), each sampled `num_generations_per_prompt`
+   times from a seeded `torch.Generator` (saved in checkpoints);
+2. rewards from `RewardModelEnvironment` (read at each completion's last token), then `ppo.reward_scaling`
+   and `ppo.reward_shaping`;
+3. the critic's values at every token, the policy's log-probs before the update (`prev_logprobs`) and, with a
+   KL term, the reference's (the initial weights);
+4. GAE (`rmkit.losses.value.gae_advantages`): the reward at the last token, minus the KL per token when
+   `loss_fn.use_kl_in_reward` (else the KL is in the loss), advantages whitened over all ranks' tokens and the
+   critic's returns;
+5. `ppo_epochs` passes over the rollout, `train_global_batch_size` completions per optimizer step: the
+   critic's clipped value loss (`MseValueLossFn`) and the policy's `ClippedPGLossFn`, each over
+   micro-batches with global-count normalization, each clipped to its own gradient norm, one AdamW step
+   over both (the critic first in NeMo RL; the two losses share no parameters, so the order changes
+   nothing). For `ppo.policy_training_start_step` steps only the critic trains.
+
+The critic is a decoder classifier whose head is read at every token (`rmkit.models.critic`): by default the
+reward model when it is one with the policy's vocabulary (NeMo Aligner, OpenRLHF), else the policy's
+weights with a fresh scalar head (NeMo RL). The policy goes to `final/`, the critic to `final/critic/`.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from rmkit import distributed as dist
+from rmkit.data.sampler import LengthGroupedBatchSampler
+from rmkit.env import check_environment, environment_for
+from rmkit.errors import ConfigError, TrainingDiverged
+from rmkit.losses import reduce_metrics
+from rmkit.losses.advantages import response_mask
+from rmkit.losses.policy_gradient import ClippedPGLossFn
+from rmkit.losses.value import MseValueLossFn, aligned_values, gae_advantages, value_explained_variance
+from rmkit.models.critic import (
+    ActorCritic,
+    TokenValues,
+    check_critic_path,
+    is_scalar_classifier,
+    load_critic,
+    shared_prefix_values,
+    shares_vocabulary,
+)
+from rmkit.models.policy import load_training_policy
+from rmkit.models.reward import load_tokenizer
+from rmkit.models.setup import autocast, prepare_model, resolve_model_name
+from rmkit.recipes.configs import PPOConfig
+from rmkit.trainer.accumulate import accumulate
+from rmkit.trainer.export import export_policy, save_hf_model
+from rmkit.trainer.optim import clip_gradients, joint_optimizer, lr_factor, step_optimizer
+from rmkit.trainer.plots import plot_curves
+from rmkit.trainer.policy_update import clipped_fraction, mean_over_updates
+from rmkit.trainer.progress import ProgressBar
+from rmkit.trainer.resume import restore_rng, save_training_checkpoint
+from rmkit.trainer.rl_guards import HackingWatch, KLCoefficient
+from rmkit.trainer.rl_validation import run_validation, warn
+from rmkit.trainer.rollout import (
+    batch_logprobs,
+    check_rollout_split,
+    generate_rollout,
+    load_prompt_set,
+    mask_logprob_mismatch,
+    policy_logits,
+    prompt_groups,
+    reference_policy,
+    restore_rl_loop_state,
+    rl_loop_state,
+    rollout_metrics,
+    score_rollout,
+    shaped_rewards,
+    slice_rows,
+    training_batch,
+)
+from rmkit.trainer.run import Cadence, RunResult, check_finite, finish_run, resume, run_batches, start_run
+from rmkit.trainer.run_log import announce
+from rmkit.trainer.sharding import shard_policy, shard_reward_model
+from rmkit.trainer.state import TrainState, total_steps
+
+CURVES = {"reward": ["train/reward", "validation/reward_mean"], "KL to the reference": ["train/kl_penalty"],
+          "generated tokens": ["train/mean_gen_tokens_per_sample", "validation/mean_gen_tokens_per_sample"],
+          "critic": ["train/critic/loss", "train/critic/explained_var"]}
+
+
+def train(cfg: PPOConfig) -> RunResult:
+    """Optimize the policy against the reward model with a learned critic as `cfg` says; the policy goes to
+    `<checkpoint_dir>/final/`, the critic to `final/critic/`."""
+    run = start_run(cfg, cfg.ppo)  # threads, seed, torchrun, folders, the saved config
+    device, world = run.device, dist.world_size()
+    check_rollout_split(cfg.ppo, cfg.policy, world)
+    check_environment(cfg.env.reward_model)  # a wrong reward-model path fails before the policy loads
+    if cfg.value.model_name is not None:  # a wrong critic path fails before the policy loads too
+        check_critic_path(cfg.value.model_name, "value.model_name")
+
+    # --- policy, reference, critic, reward environment, prompts
+    policy, tokenizer = load_training_policy(cfg.policy, device)
+    reference = reference_policy(policy, cfg.policy, run.info, needed=cfg.loss_fn.reference_policy_kl_penalty > 0)
+    critic_cfg, critic, critic_tokenizer = build_critic(cfg, tokenizer, device)
+    if cfg.policy.dtensor_cfg.enabled:  # FSDP2 under torchrun: both models sharded in place (gradients summed)
+        shard_policy(policy, cfg.policy, run.info)
+        shard_reward_model(critic, critic_cfg, run.info)
+    trained_policy = policy if cfg.policy.dtensor_cfg.enabled else dist.wrap_data_parallel(policy, run.info)
+    values_forward = TokenValues(critic)
+    trained_values = values_forward if cfg.policy.dtensor_cfg.enabled else dist.wrap_data_parallel(values_forward,
+                                                                                                  run.info)
+    env = environment_for(cfg.env.reward_model)
+    train_prompts = load_prompt_set(cfg.data.train_data_path, cfg, tokenizer, run.out_dir / "rejects-train.jsonl", "train")
+    val_prompts = {name: load_prompt_set(path, cfg, tokenizer, run.out_dir / f"rejects-{name}.jsonl", f"validation-{name}")
+                   for name, path in cfg.data.val_data_paths.items()}
+    if len(train_prompts) < cfg.ppo.num_prompts_per_step:
+        raise ConfigError("ppo.num_prompts_per_step", f"{cfg.ppo.num_prompts_per_step} is more than the "
+                          f"{len(train_prompts)} training prompts")
+    sampler = LengthGroupedBatchSampler([0] * len(train_prompts), cfg.ppo.num_prompts_per_step // world,
+                                        seed=cfg.ppo.seed, drop_last=True, num_replicas=world, rank=dist.rank())
+    generator = torch.Generator().manual_seed(cfg.ppo.seed * 1000 + dist.rank())
+    params = cfg.policy.generation
+
+    # --- one optimizer over both models (the policy's learning rate 0 during critic warmup), state, resume
+    rollout_size = cfg.ppo.num_prompts_per_step * cfg.ppo.num_generations_per_prompt
+    updates_per_step = cfg.ppo.ppo_epochs * rollout_size // cfg.policy.train_global_batch_size
+    steps = total_steps(cfg.ppo, len(sampler))
+    both = ActorCritic(policy, critic)
+    optimizer = joint_optimizer([(policy, cfg.policy.optimizer), (critic, critic_cfg.optimizer)])
+    warmup = cfg.ppo.policy_training_start_step * updates_per_step
+    total = steps * updates_per_step
+
+    def policy_factor(update: int) -> float:
+        return 0.0 if update < warmup else lr_factor(update - warmup, cfg.policy.scheduler, max(1, total - warmup))
+
+    def critic_factor(update: int) -> float:
+        return lr_factor(update, critic_cfg.scheduler, total)
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, [policy_factor] * 2 + [critic_factor] * 2)
+    state = TrainState(both, optimizer, scheduler, sampler)
+    kl = KLCoefficient(cfg.loss_fn.reference_policy_kl_penalty, cfg.ppo.kl_target, cfg.ppo.kl_horizon)
+    watch = HackingWatch.of(cfg.ppo)
+    saved, logger = resume(run, state, steps)
+    if run.resume_from:
+        restore_rl_loop_state(saved, generator, kl, watch)
+    announce(f"PPO on {cfg.policy.model_name} with a critic", both, f"{steps} step{'' if steps == 1 else 's'} of "
+             f"{cfg.ppo.num_prompts_per_step} prompts x {cfg.ppo.num_generations_per_prompt}, "
+             f"{cfg.ppo.ppo_epochs} epochs each", device, cfg.policy.precision)
+    val_metrics = saved.get("val_metrics", {})
+    if cfg.ppo.val_at_start and not run.resume_from:
+        val_metrics = run_validation(cfg.ppo, policy, tokenizer, env, val_prompts, params, logger, run.log_dir, 0,
+                                     watch)
+
+    # --- the loop
+    if run.resume_from:
+        restore_rng(saved)
+    bar = ProgressBar(steps, cfg.logger.progress_bar and dist.is_main(), initial=state.step)
+    when = Cadence.of(cfg, cfg.ppo, steps)
+    models = Models(policy, trained_policy, critic, trained_values, reference)
+    value_loss_fn = MseValueLossFn(cfg.value_loss_fn)
+    for indices in run_batches(state, steps, cfg.ppo.max_num_epochs):
+        step_start = time.perf_counter()
+        prompts = [train_prompts[i] for i in indices]
+        if state.step == cfg.ppo.policy_training_start_step > 0 and dist.is_main():
+            print(f"rmkit: critic warmup done ({state.step} steps); the policy trains from here on", file=sys.stderr)
+        loss_fn = ClippedPGLossFn(replace(cfg.loss_fn, reference_policy_kl_penalty=kl.value))
+        metrics = ppo_step(cfg, critic_cfg, state, models, tokenizer, env, loss_fn, value_loss_fn, prompts, params,
+                           generator)
+        state.step += 1
+        metrics["timing/train/total_step_time"] = time.perf_counter() - step_start
+        metrics["train/kl_coefficient"] = kl.value
+        if state.step > cfg.ppo.policy_training_start_step:  # in critic warmup the policy is the reference
+            kl.update(metrics["train/kl_penalty"], rollout_size)
+        bar.advance(reward=metrics["train/reward"], kl=metrics["train/kl_penalty"],
+                    gen_tokens=metrics["train/mean_gen_tokens_per_sample"], vloss=metrics["train/critic/loss"])
+        if when.log(state.step):
+            logger.log(metrics, state.step)
+        warn(watch.after_step(state.step, metrics["train/kl_penalty"]), logger, state.step)
+        if when.validate(state.step):
+            val_metrics = run_validation(cfg.ppo, policy, tokenizer, env, val_prompts, params, logger, run.log_dir,
+                                         state.step, watch)
+        if when.save(state.step):
+            save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics,
+                                                               **rl_loop_state(generator, kl, watch)}, tokenizer)
+    bar.close()
+    if cfg.ppo.val_at_end or not val_metrics:
+        val_metrics = run_validation(cfg.ppo, policy, tokenizer, env, val_prompts, params, logger, run.log_dir,
+                                     state.step, watch)
+    env.shutdown()
+
+    # --- the last checkpoint, the export of both models (rank 0: policy in final/, critic in final/critic/), plots
+    final_dir = finish_run(run, state, logger, val_metrics, tokenizer,
+                           export=lambda whole, folder: export_both(whole, tokenizer, critic_tokenizer, folder, cfg),
+                           load_unsharded=lambda: ActorCritic(load_training_policy(cfg.policy, torch.device("cpu"))[0],
+                                                              build_critic(cfg, tokenizer, torch.device("cpu"), False)[1]),
+                           extra=rl_loop_state(generator, kl, watch))
+    plots = []
+    if cfg.logger.plots and dist.is_main():
+        plots = [p for p in [plot_curves(logger.history, run.log_dir / "ppo_curves.png", CURVES)] if p]
+    dist.destroy()
+    return RunResult(final_dir, run.log_dir, state.step, val_metrics, {}, plots)
+
+
+def critic_source(cfg: PPOConfig, policy_tokenizer) -> tuple[str, str]:
+    """`(model, why)`: what the critic starts from (the module docstring says how it is chosen)."""
+    if cfg.value.model_name is not None:
+        return cfg.value.model_name, "value.model_name"
+    rm = cfg.env.reward_model
+    if rm.model_name is None:
+        return cfg.policy.model_name, "the policy's weights with a fresh value head (the reward model is a server)"
+    rm_path = resolve_model_name(rm.model_name)
+    if not is_scalar_classifier(rm_path):
+        return cfg.policy.model_name, "the policy's weights with a fresh value head (the reward model has no scalar head)"
+    if not shares_vocabulary(policy_tokenizer, load_tokenizer(rm_path)):
+        return cfg.policy.model_name, ("the policy's weights with a fresh value head (the reward model's tokenizer is "
+                                       "not the policy's)")
+    return rm.model_name, "the reward model"
+
+
+def build_critic(cfg: PPOConfig, policy_tokenizer, device: torch.device, say: bool = True):
+    """`(the critic's settings as a PolicyConfig, the critic, its tokenizer)` on `device`, ready to train; `say`:
+    print (rank 0) what it started from and why. A critic that cannot read the policy's tokens is refused (ConfigError on `value.model_name`)."""
+    name, why = critic_source(cfg, policy_tokenizer)
+    try:
+        critic, critic_tokenizer, kept_head = load_critic(resolve_model_name(name))
+    except ValueError as err:
+        if why != "the reward model":
+            raise ConfigError("value.model_name", str(err)) from None
+        name, why = cfg.policy.model_name, f"the policy's weights with a fresh value head ({err.args[0].split(':')[0]})"
+        critic, critic_tokenizer, kept_head = load_critic(resolve_model_name(name))
+    if not shares_vocabulary(policy_tokenizer, critic_tokenizer):
+        raise ConfigError("value.model_name", f"{name}'s tokenizer is not the policy's ({cfg.policy.model_name}): the "
+                          "critic reads the policy's token ids, so it needs the same vocabulary. Pass a critic trained "
+                          "on the policy's tokenizer, or value.model_name=null (the policy's own weights)")
+    critic_cfg = cfg.value.as_policy(cfg.policy, name)
+    critic = prepare_model(critic, critic_cfg).to(device)
+    critic.train()
+    if say and dist.is_main():
+        head = "its own head" if kept_head else "a fresh scalar head"
+        print(f"rmkit: critic: {name} ({type(critic).__name__}, {head}): {why}", file=sys.stderr)
+    return critic_cfg, critic, critic_tokenizer
+
+
+class Models:
+    """What one PPO step runs: the policy (and its DDP wrapper), the critic (and the values forward, wrapped),
+    the reference (a context-manager factory, or None)."""
+
+    def __init__(self, policy, trained_policy, critic, trained_values, reference):
+        self.policy, self.trained_policy = policy, trained_policy
+        self.critic, self.trained_values = critic, trained_values
+        self.reference = reference
+
+
+def ppo_step(cfg, critic_cfg, state, models: Models, tokenizer, env, loss_fn, value_loss_fn, prompts, params,
+             generator) -> dict[str, float]:
+    """One rollout and its `ppo_epochs` passes; returns the step's metrics (NeMo RL's names, the critic's under
+    `train/critic/`)."""
+    timing, policy_cfg = {}, cfg.policy
+    t0 = time.perf_counter()
+    try:
+        rollout = generate_rollout(models.policy, tokenizer, prompts, dist.rank() * len(prompts),
+                                   cfg.ppo.num_generations_per_prompt, params, policy_cfg.generation_batch_size,
+                                   generator)
+    except TrainingDiverged as err:
+        raise TrainingDiverged(f"{err} at step {state.step + 1}; no update was applied. Lower "
+                               f"policy.optimizer.lr (now {policy_cfg.optimizer.lr}) or raise "
+                               "loss_fn.reference_policy_kl_penalty, and resume from the last checkpoint.") from None
+    timing["generation"], t0 = time.perf_counter() - t0, time.perf_counter()
+    rewards = shaped_rewards(cfg.ppo, score_rollout(env, rollout, state.step), rollout)
+    timing["reward_calculation"], t0 = time.perf_counter() - t0, time.perf_counter()
+    batch = training_batch(rollout, tokenizer.pad_token_id)
+    batch["values"] = batch_values(models, batch, critic_cfg)
+    timing["value_inference"], t0 = time.perf_counter() - t0, time.perf_counter()
+    batch["prev_logprobs"] = batch_logprobs(models.policy, batch, policy_cfg.train_micro_batch_size,
+                                            params.temperature, policy_cfg.precision)
+    if models.reference is not None:
+        with models.reference() as ref_model:
+            batch["reference_policy_logprobs"] = batch_logprobs(
+                models.policy if ref_model is None else ref_model, batch, policy_cfg.train_micro_batch_size,
+                params.temperature, policy_cfg.precision)
+    timing["policy_and_reference_logprobs"], t0 = time.perf_counter() - t0, time.perf_counter()
+    mismatch = mask_logprob_mismatch(batch, cfg.ppo.seq_logprob_error_threshold)
+    batch["advantages"], batch["returns"] = compute_advantages(cfg, rewards, batch, loss_fn.cfg["reference_policy_kl_penalty"])
+    batch["rewards"] = rewards
+    train_policy = state.step >= cfg.ppo.policy_training_start_step
+    train_metrics = update_actor_critic(cfg, critic_cfg, state, models, batch, loss_fn, value_loss_fn,
+                                        params.temperature, train_policy)
+    timing["training"] = time.perf_counter() - t0
+    metrics = {**rollout_metrics(rollout, rewards, batch, timing["generation"]), **train_metrics, **mismatch}
+    return {**metrics, **{f"timing/train/{k}": v for k, v in timing.items()}}
+
+
+@torch.no_grad()
+def batch_values(models: Models, batch: dict, critic_cfg) -> torch.Tensor:
+    """`[N, S]` values aligned with input_ids (`aligned_values`): the critic's at the rollout, before any update."""
+    out = torch.zeros(batch["input_ids"].shape, dtype=torch.float32)
+    device, micro = next(models.critic.parameters()).device, critic_cfg.train_micro_batch_size
+    for start in range(0, len(out), micro):
+        mb = slice_rows(batch, start, start + micro, device)
+        head = critic_head(models.trained_values, models.critic, mb, critic_cfg.precision)
+        out[start:start + micro, :head.shape[1]] = aligned_values(head).cpu()
+    return out
+
+
+def critic_head(values_forward, critic, mb: dict, precision: str) -> torch.Tensor:
+    """The critic's head `[B, S]` over a micro-batch's rows, each prompt computed once."""
+    with autocast(precision, mb["input_ids"].device):
+        return shared_prefix_values(values_forward, critic, prompt_groups(mb), pad_token_id=0)
+
+
+def compute_advantages(cfg, rewards: torch.Tensor, batch: dict, kl_penalty: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE advantages and returns `[N, S]` (`ppo.adv_estimator`), the KL in the reward with `kl_penalty` when
+    `loss_fn.use_kl_in_reward`, whitened over every rank's tokens."""
+    gae, loss = cfg.ppo.adv_estimator, cfg.loss_fn
+    return gae_advantages(
+        rewards, batch["values"], response_mask(batch["token_mask"], batch["sample_mask"]), gae_gamma=gae.gae_gamma,
+        gae_lambda=gae.gae_lambda, normalize_advantages=gae.normalize_advantages,
+        gae_lambda_value=gae.gae_lambda_value, gae_lambda_policy=gae.gae_lambda_policy,
+        length_adaptive_alpha=gae.length_adaptive_alpha, use_kl_in_reward=loss.use_kl_in_reward,
+        reference_policy_kl_penalty=kl_penalty, reference_policy_kl_type=loss.reference_policy_kl_type,
+        logprobs=batch["prev_logprobs"], reference_logprobs=batch.get("reference_policy_logprobs"),
+        all_reduce_sum=dist.all_reduce_sum)
+
+
+def update_actor_critic(cfg, critic_cfg, state, models: Models, batch, loss_fn, value_loss_fn, temperature,
+                        train_policy: bool) -> dict[str, float]:
+    """`ppo_epochs` passes over the rollout, one optimizer step per `train_global_batch_size` completions (this
+    rank: its share): the critic's value loss and (when `train_policy`) the policy's loss over their own
+    micro-batches, divided by the global counts; a non-finite loss stops the run before its update. Returns
+    the policy's loss metrics and the critic's (`train/critic/...`, with `explained_var`), averaged over the
+    optimizer steps (min / max reduced)."""
+    policy_cfg, world = cfg.policy, dist.world_size()
+    device = next(models.policy.parameters()).device
+    per_rank = policy_cfg.train_global_batch_size // world
+    policy_micro, critic_micro = policy_cfg.train_micro_batch_size, critic_cfg.train_micro_batch_size
+    policy_steps, critic_steps = [], []
+    for _ in range(cfg.ppo.ppo_epochs):
+        for start in range(0, len(batch["input_ids"]), per_rank):
+            rows = slice_rows(batch, start, start + per_rank)
+            sample_mask = rows["sample_mask"]
+            counts = torch.stack([sample_mask.sum(), (rows["token_mask"][:, 1:] * sample_mask[:, None]).sum()])
+            gvs, gvt = dist.all_reduce_sum(counts.to(device)).unbind()
+
+            def critic_micro_loss(m, rows=rows, gvs=gvs, gvt=gvt):
+                mb = slice_rows(rows, m, m + critic_micro, device)
+                return value_loss_fn(critic_head(models.trained_values, models.critic, mb, critic_cfg.precision), mb,
+                                     gvs, gvt)
+
+            def policy_micro_loss(m, rows=rows, gvs=gvs, gvt=gvt):
+                mb = slice_rows(rows, m, m + policy_micro, device)
+                logits = policy_logits(models.trained_policy, mb, temperature, policy_cfg.precision)
+                loss, metrics = loss_fn(logits, mb, gvs, gvt)
+                metrics["clipped_fraction"] = clipped_fraction(cfg.loss_fn, logits.detach(), mb, gvt)
+                return loss, metrics
+
+            critic_metrics = reduce_metrics(accumulate(models.trained_values, list(range(0, per_rank, critic_micro)),
+                                                       critic_micro_loss))
+            check_finite(global_loss(critic_metrics, device), state, "Lower value.optimizer.lr (now "
+                         f"{critic_cfg.optimizer.lr}), set value.max_grad_norm or value_loss_fn.cliprange.")
+            if train_policy:
+                policy_metrics = reduce_metrics(accumulate(models.trained_policy, list(range(0, per_rank, policy_micro)),
+                                                           policy_micro_loss))
+                check_finite(global_loss(policy_metrics, device), state, "Lower policy.optimizer.lr (now "
+                             f"{policy_cfg.optimizer.lr}), set policy.max_grad_norm, or check the rewards.")
+                policy_metrics["lr"] = state.scheduler.get_last_lr()[0]
+                policy_metrics["grad_norm"] = clip_gradients(models.policy, policy_cfg.max_grad_norm)
+                policy_steps.append(policy_metrics)
+            critic_metrics["lr"] = state.scheduler.get_last_lr()[2]
+            critic_metrics["grad_norm"] = clip_gradients(models.critic, critic_cfg.max_grad_norm)
+            critic_steps.append(critic_metrics)
+            step_optimizer(state.optimizer, state.scheduler)
+    critic = mean_over_updates(critic_steps, prefix="train/critic/")
+    critic["train/critic/explained_var"] = sum(
+        float(value_explained_variance({k: dist.all_reduce_sum(torch.as_tensor(s[k], dtype=torch.float64))
+                                        for k in ("returns_mean", "values_mean", "returns_sq_mean", "residual_sq_mean")}))
+        for s in critic_steps) / len(critic_steps)
+    # In critic warmup the policy is still the reference (KL 0) and learns at lr 0: no loss to report.
+    policy = mean_over_updates(policy_steps) if policy_steps else {"train/kl_penalty": 0.0, "train/lr": 0.0}
+    return {**policy, **critic}
+
+
+def global_loss(metrics: dict, device: torch.device) -> float:
+    """The global batch's loss from this rank's share, read on the host (for the finite check)."""
+    return float(dist.all_reduce_sum(torch.as_tensor(metrics["loss"], device=device).detach().clone()))
+
+
+def export_both(both: ActorCritic, tokenizer, critic_tokenizer, folder: Path, cfg: PPOConfig) -> None:
+    """The policy as a causal LM in `folder`, the critic as a sequence classifier in `folder/critic`."""
+    export_policy(both.policy, tokenizer, folder, cfg)
+    save_hf_model(both.critic, critic_tokenizer, folder / "critic")
