@@ -43,6 +43,7 @@ class HackingWatch:
     kl_factor: float
     kl_target: float | None
     baseline_length: float | None = None
+    baseline_step: int = 0
     length_alarm: bool = False
     kl_alarm: bool = False
 
@@ -51,9 +52,10 @@ class HackingWatch:
         return cls(loop.length_collapse_ratio, loop.kl_runaway_factor, loop.kl_target)
 
     def after_validation(self, step: int, mean_length: float) -> str | None:
-        """The held-out mean completion length at a validation; the first one (step 0) is the baseline."""
+        """The held-out mean completion length at a validation; the first one (step 0 unless the run skips it) is
+        the baseline."""
         if self.baseline_length is None:
-            self.baseline_length = mean_length
+            self.baseline_length, self.baseline_step = mean_length, step
             return None
         collapsed = self.length_ratio > 0 and mean_length < self.length_ratio * self.baseline_length
         warn = collapsed and not self.length_alarm
@@ -61,7 +63,7 @@ class HackingWatch:
         if not warn:
             return None
         return (f"warning: at step {step} the held-out completions average {mean_length:.1f} tokens, below "
-                f"{self.length_ratio:g} x their {self.baseline_length:.1f} at the start: the policy may be gaming "
+                f"{self.length_ratio:g} x their {self.baseline_length:.1f} at step {self.baseline_step}: the policy may be gaming "
                 "the reward model by saying little (read samples.jsonl). Set or lower grpo/ppo.kl_target, raise "
                 "loss_fn.reference_policy_kl_penalty, or penalize short answers (reward_shaping)")
 
@@ -82,9 +84,9 @@ class HackingWatch:
                 "loss_fn.reference_policy_kl_penalty")
 
     def state(self) -> dict:
-        return {"baseline_length": self.baseline_length, "length_alarm": self.length_alarm,
-                "kl_alarm": self.kl_alarm}
+        return {"baseline_length": self.baseline_length, "baseline_step": self.baseline_step,
+                "length_alarm": self.length_alarm, "kl_alarm": self.kl_alarm}
 
     def load(self, state: dict) -> None:
-        self.baseline_length = state["baseline_length"]
+        self.baseline_length, self.baseline_step = state["baseline_length"], state["baseline_step"]
         self.length_alarm, self.kl_alarm = state["length_alarm"], state["kl_alarm"]
