@@ -13,7 +13,7 @@ _MODULES = {
     "rmkit.losses.advantages": (
         "clip_advantages", "consecutive_groups", "gdpo_advantages", "group_baseline_and_std",
         "grpo_group_advantages", "kl_in_reward", "opd_advantages", "opd_metrics", "raw_reward_advantages",
-        "reinforce_plus_plus_advantages", "response_mask"
+        "reinforce_plus_plus_advantages", "response_mask", "sequence_kl"
     ),
     "rmkit.losses.configs": ("ClippedPGLossConfig", "DPOLossConfig", "MseValueLossConfig"),
     "rmkit.losses.distillation": ("DistillationLossConfig", "DistillationLossFn"),

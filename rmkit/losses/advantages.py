@@ -238,6 +238,15 @@ def kl_in_reward(
     return KL_ESTIMATORS[reference_policy_kl_type](log_ratio).clamp(-10.0, 10.0)
 
 
+def sequence_kl(logprobs: torch.Tensor, reference_logprobs: torch.Tensor, mask: torch.Tensor,
+                reference_policy_kl_type: str = "k3") -> torch.Tensor:
+    """`[B]`: each sequence's KL to the reference, the per-token `kl_in_reward` summed over `mask` (the
+    sequence-level KL that NeMo Aligner's REINFORCE subtracts from the reward before the leave-one-out
+    baseline)."""
+    per_token = kl_in_reward(logprobs, reference_logprobs, reference_policy_kl_type)
+    return torch.where(mask > 0, per_token, torch.zeros_like(per_token)).sum(dim=-1)
+
+
 def response_mask(token_mask: torch.Tensor, sample_mask: torch.Tensor) -> torch.Tensor:
     """The `[B, S]` mask the per-token estimators take: `token_mask * sample_mask[:, None]`, with
     position 0 off (it has no log-prob: rmkit's losses never train on it)."""

@@ -26,7 +26,13 @@ from rmkit.data.sampler import LengthGroupedBatchSampler
 from rmkit.env import check_environment, environment_for
 from rmkit.errors import ConfigError, TrainingDiverged
 from rmkit.losses import reduce_metrics
-from rmkit.losses.advantages import clip_advantages, grpo_group_advantages, reinforce_plus_plus_advantages
+from rmkit.losses.advantages import (
+    clip_advantages,
+    grpo_group_advantages,
+    reinforce_plus_plus_advantages,
+    response_mask,
+    sequence_kl,
+)
 from rmkit.losses.policy_gradient import ClippedPGLossFn
 from rmkit.models.policy import load_training_policy
 from rmkit.recipes.configs import GRPOConfig
@@ -189,10 +195,16 @@ def grpo_step(cfg, state, trained, tokenizer, env, reference, loss_fn, prompts, 
 
 def compute_advantages(cfg, rewards: torch.Tensor, group_index: torch.Tensor, batch: dict,
                        kl_penalty: float) -> torch.Tensor:
-    """Advantages per row `[N]` (GRPO) or per token `[N, S]` (Reinforce++, with `kl_penalty` times the KL in the
-    reward when `loss_fn.use_kl_in_reward`), clipped per `grpo.advantage_clip_*`."""
+    """Advantages per row `[N]` (GRPO) or per token `[N, S]` (Reinforce++), clipped per `grpo.advantage_clip_*`.
+    With `loss_fn.use_kl_in_reward`, `kl_penalty` times the KL to the reference comes off the reward first: per
+    token for Reinforce++ (NeMo RL), the sequence's sum for GRPO's group baseline (NeMo Aligner's REINFORCE,
+    with `use_leave_one_out_baseline: true`, `normalize_rewards: false`)."""
     grpo, estimator = cfg.grpo, cfg.grpo.adv_estimator
     if estimator.name == "grpo":
+        if cfg.loss_fn.use_kl_in_reward and kl_penalty > 0:  # NeMo Aligner's REINFORCE: r - beta * KL(sequence)
+            rewards = rewards - kl_penalty * sequence_kl(
+                batch["prev_logprobs"], batch["reference_policy_logprobs"],
+                response_mask(batch["token_mask"], batch["sample_mask"]), cfg.loss_fn.reference_policy_kl_type)
         adv = grpo_group_advantages(rewards, group_index, use_leave_one_out_baseline=grpo.use_leave_one_out_baseline,
                                     normalize_rewards=grpo.normalize_rewards)
     else:
@@ -209,11 +221,11 @@ def compute_advantages(cfg, rewards: torch.Tensor, group_index: torch.Tensor, ba
 def needs_prev_logprobs_pass(cfg, rows: int) -> bool:
     """Whether `prev_logprobs` need a forward pass of their own before the update: when the rollout's `rows`
     (this rank's) make several optimizer steps, the later ones train a policy that has moved; and when
-    Reinforce++ puts the KL in the reward, the advantages need them first. Otherwise the training forward
+    the KL is in the reward, the advantages need them first. Otherwise the training forward
     gives them (the same weights, the same micro-batches): the ratio is exactly 1, as NeMo RL's separate pass
     gives it up to rounding."""
     several_updates = rows > cfg.policy.train_global_batch_size // dist.world_size()
-    kl_in_reward = cfg.grpo.adv_estimator.name != "grpo" and cfg.loss_fn.use_kl_in_reward
+    kl_in_reward = cfg.loss_fn.use_kl_in_reward and cfg.loss_fn.reference_policy_kl_penalty > 0
     return several_updates or kl_in_reward
 
 

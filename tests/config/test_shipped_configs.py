@@ -12,7 +12,7 @@ from rmkit.cli.recipes import RECIPES, _load
 from rmkit.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
-LOOP_SECTIONS = {"rm": "train", "sft": "sft", "dpo": "dpo", "grpo": "grpo"}
+LOOP_SECTIONS = {"rm": "train", "sft": "sft", "dpo": "dpo", "grpo": "grpo", "ppo": "ppo"}
 
 
 def tree_for(values: dict) -> type:

@@ -192,3 +192,23 @@ def test_one_update_per_rollout_takes_prev_logprobs_from_the_training_forward(ti
     for key in ("train/loss", "train/probs_ratio", "train/token_mult_prob_error", "train/kl_penalty",
                 "train/approx_entropy"):
         assert fused[key] == pytest.approx(apart[key], rel=1e-5, abs=1e-7), key
+
+
+def test_kl_in_the_reward_before_the_leave_one_out_baseline(tiny_policy):
+    """NeMo Aligner's REINFORCE (configs/reinforce_rm.yaml): each completion's reward less beta times its summed
+    KL to the reference, then RLOO's baseline (the other completions' mean), not divided by the std."""
+    cfg = _cfg(tiny_policy, "loss_fn.use_kl_in_reward=true", "loss_fn.reference_policy_kl_type=k1",
+               "grpo.normalize_rewards=false")
+    token_mask = torch.tensor([[0, 1, 1, 0], [0, 1, 1, 1], [0, 0, 1, 1], [0, 1, 0, 0]], dtype=torch.float32)
+    prev = torch.tensor([[0.0, -1.0, -2.0, -9.0], [0.0, -0.5, -0.5, -0.5], [0.0, -9.0, -1.0, -1.0],
+                         [0.0, -3.0, -9.0, -9.0]])
+    ref = torch.full((4, 4), -1.0)
+    batch = {"token_mask": token_mask, "sample_mask": torch.ones(4), "prev_logprobs": prev,
+             "reference_policy_logprobs": ref}
+    rewards = torch.tensor([1.0, 2.0, 0.0, 3.0])
+    seq_kl = [0.0 + -1.0, 0.5 * 3, 0.0 + 0.0, -2.0]  # k1 = prev - ref over each completion's tokens
+    penalized = [r - 0.1 * k for r, k in zip(rewards.tolist(), seq_kl)]
+    expected = [penalized[i] - (sum(penalized[j] for j in (0, 1) if j != i)) for i in (0, 1)]
+    expected += [penalized[i] - (sum(penalized[j] for j in (2, 3) if j != i)) for i in (2, 3)]
+    adv = compute_advantages(cfg, rewards, torch.tensor([0, 0, 1, 1]), batch, 0.1)
+    torch.testing.assert_close(adv, torch.tensor(expected))
