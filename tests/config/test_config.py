@@ -2,6 +2,8 @@
 test_shipped_configs.py)."""
 
 
+from pathlib import Path
+
 import pytest
 
 from rmkit.config import config_from_dict, load_config, save_config
