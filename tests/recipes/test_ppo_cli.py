@@ -95,3 +95,46 @@ def test_bad_critic_and_config_exit_2_naming_the_key(tiny_policy, tiny_reward_mo
     assert "value_loss_fn.clip" in capsys.readouterr().err
     assert cli.main(["ppo", *base, f"env.reward_model.model_name={tiny_policy}"]) == 2  # a causal LM is no reward model
     assert "env.reward_model.model_name" in capsys.readouterr().err
+
+
+def test_micro_batches_do_not_change_the_run(tiny_policy, tiny_reward_model, prompt_files, tmp_path):
+    """Gradient accumulation is exact: micro-batches of 1 and of the whole mini-batch give the same weights (within
+    float32 rounding of sums taken in another order)."""
+    train, val = prompt_files
+    runs = {}
+    for micro in (1, 4):
+        out = tmp_path / f"micro{micro}"
+        args = ppo_overrides(tiny_policy, tiny_reward_model, train, val, out, steps=2)
+        assert cli.main(["ppo", *args, f"policy.train_micro_batch_size={micro}", f"value.train_micro_batch_size={micro}",
+                         "ppo.val_at_start=false", "logger.plots=false"]) == 0
+        runs[micro] = {part: load_file(out / "final" / part) for part in ("model.safetensors", "critic/model.safetensors")}
+    for part, weights in runs[1].items():
+        for key, value in weights.items():
+            torch.testing.assert_close(runs[4][part][key], value, rtol=0, atol=2e-5)
+
+
+def test_nan_reward_stops_before_any_update(tiny_policy, tiny_reward_model, prompt_files, tmp_path, capsys, monkeypatch):
+    import math
+
+    from rmkit.env import RewardModelEnvironment
+
+    real_score = RewardModelEnvironment.score
+    monkeypatch.setattr(RewardModelEnvironment, "score",
+                        lambda self, convs: real_score(self, convs).index_fill(0, torch.tensor([1]), math.nan))
+    train, val = prompt_files
+    args = ppo_overrides(tiny_policy, tiny_reward_model, train, val, tmp_path / "run")
+    assert cli.main(["ppo", *args, "ppo.val_at_start=false"]) == 1
+    err = capsys.readouterr().err
+    assert "rmkit ppo: stopped: the reward model returned nan for a completion of the prompt at" in err
+    assert "no update was applied" in err and not (tmp_path / "run" / "final").exists()
+
+
+def test_reward_server_down_stops_with_a_clear_message(tiny_policy, prompt_files, tmp_path, capsys):
+    """With a server for rewards, the critic starts from the policy (no reward-model weights to read)."""
+    train, val = prompt_files
+    args = [a for a in ppo_overrides(tiny_policy, "x", train, val, tmp_path / "run") if not a.startswith("env.")]
+    args += ["env.reward_model.url=http://127.0.0.1:9", "env.reward_model.max_retries=1", "env.reward_model.timeout=2"]
+    assert cli.main(["ppo", *args]) == 1
+    err = capsys.readouterr().err
+    assert "the policy's weights with a fresh value head (the reward model is a server)" in err
+    assert "http://127.0.0.1:9" in err and "rmkit ppo: stopped:" in err
