@@ -97,6 +97,7 @@ def test_bad_critic_and_config_exit_2_naming_the_key(tiny_policy, tiny_reward_mo
     assert "env.reward_model.model_name" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # ~20 s: two runs
 def test_micro_batches_do_not_change_the_run(tiny_policy, tiny_reward_model, prompt_files, tmp_path):
     """Gradient accumulation is exact: micro-batches of 1 and of the whole mini-batch give the same weights (within
     float32 rounding of sums taken in another order)."""
