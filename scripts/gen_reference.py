@@ -173,7 +173,8 @@ def _doc(obj) -> str:
 
 def api_page(module_name: str, title: str) -> str:
     module = importlib.import_module(module_name)
-    parts = [GENERATED, "", f"# {title}: `{module_name}`", "", _markdown(module.__doc__ or "")]
+    parts = [GENERATED, "<!-- illustrative-page: the signatures are generated from the code; they are not examples -->",
+             "", f"# {title}: `{module_name}`", "", _markdown(module.__doc__ or "")]
     for name in _public_names(module):
         parts += ["", _entry(module_name, name, getattr(module, name))]
     return "\n".join(parts) + "\n"
