@@ -327,7 +327,7 @@ class CheckpointingConfig:
     """`checkpointing.*`; the final model always goes to `<checkpoint_dir>/final/`."""
 
     enabled: bool = True
-    """Save intermediate checkpoints (see the checkpoints section of the README)."""
+    """Save intermediate checkpoints (`step_<N>/`, docs/runs.md)."""
     checkpoint_dir: str = "results/rm"
     """The run's output directory."""
     metric_name: str = "val:validation-default_loss"
@@ -404,7 +404,7 @@ class LoggerConfig:
 
 @dataclass
 class Config:
-    """The whole training config."""
+    """The whole `rmkit train` config (a reward model)."""
 
     rm: RMConfig = field(default_factory=RMConfig)
     policy: RMPolicyConfig = field(default_factory=RMPolicyConfig)

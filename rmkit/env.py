@@ -1,6 +1,6 @@
 """`RewardModelEnvironment`: a reward model as an RL environment, with NeMo RL's environment contract.
 
-    env = RewardModelEnvironment({"model_name": "runs/rm/export"})              # in-process engine
+    env = RewardModelEnvironment({"model_name": "results/rm/final"})            # in-process engine
     env = RewardModelEnvironment({"url": "http://127.0.0.1:8000", "api_key": k}) # a running rmkit serve
     out = env.step(message_logs, env_infos)   # out.rewards: float32 [B], one per conversation
     batch, metrics = env.global_post_process_and_metrics({"rewards": out.rewards})

@@ -104,6 +104,7 @@ def check_reward_model_dir(name: str, key: str = "--model") -> str:
 
 
 def template_sha256(tokenizer) -> str | None:
+    """SHA-256 of the tokenizer's chat template text; None when it has none."""
     template = getattr(tokenizer, "chat_template", None)
     return hashlib.sha256(template.encode("utf-8")).hexdigest() if isinstance(template, str) else None
 
@@ -129,6 +130,7 @@ def contract_for(model, tokenizer, max_length: int, stats: dict | None = None) -
 
 
 def write_contract(contract: ScoringContract, model_dir: str | Path) -> Path:
+    """Write `contract` as `scoring_contract.json` into `model_dir`; returns the file's path."""
     path = Path(model_dir) / CONTRACT_FILE
     path.write_text(json.dumps(asdict(contract), indent=2) + "\n", encoding="utf-8")
     return path

@@ -34,7 +34,7 @@ REQUEST_SIZES = (1, 2, 3, 32)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rmkit parity", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="rmkit parity", description=__doc__.split("\n\n")[0])
     add_model_arguments(parser)
     parser.add_argument("--data", required=True, help="preference file in any format rmkit reads")
     parser.add_argument("--format", default="auto", choices=FORMATS, help="record format (default: sniffed)")

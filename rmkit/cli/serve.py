@@ -17,7 +17,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rmkit serve", description=__doc__)
     p.add_argument("--model", required=True, help="reward-model directory (rmkit export or HF classifier)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--port", type=int, default=8000, help="default 8000")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on scoring routes")
     p.add_argument("--open-route", action="append", default=[], metavar="PATH",
                    help="let this scoring route answer without --api-key, for clients that cannot send headers "

@@ -97,8 +97,12 @@ def set_aside_earlier_run(out_dir: Path, log_dir: Path) -> Path | None:
     logs = sorted({p for pattern in LOG_FILES for p in log_dir.glob(pattern)}) if log_dir.is_dir() else []
     if not checkpoints and not logs:
         return None
-    aside = out_dir / time.strftime("replaced-%Y%m%d-%H%M%S", time.gmtime())
-    (aside / "logs").mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("replaced-%Y%m%d-%H%M%S", time.gmtime())
+    aside, n = out_dir / stamp, 1
+    while aside.exists():  # an earlier run replaced within the same second
+        n += 1
+        aside = out_dir / f"{stamp}-{n}"
+    (aside / "logs").mkdir(parents=True)
     for path in checkpoints:
         path.rename(aside / path.name)
     for path in logs:

@@ -1,8 +1,7 @@
-"""Every config that ships, and every YAML snippet the README shows, loads into its recipe's config tree (the
-tree is the one whose loop section the YAML has; a snippet without one must load into the reward-model tree,
-the README's default); and each recipe's defaults are the default values of its tree."""
+"""Every config that ships, and every YAML snippet the documentation shows (`docs/`), loads into its recipe's config
+tree (the tree is the one whose loop section the YAML has; a snippet without one must load into the reward-model
+tree, the default); and each recipe's defaults are the default values of its tree."""
 
-import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,7 @@ import yaml
 
 from rmkit.cli.recipes import RECIPES, _load
 from rmkit.config import load_config
+from tests.docs.examples import blocks, pages
 
 REPO = Path(__file__).resolve().parents[2]
 LOOP_SECTIONS = {"rm": "train", "sft": "sft", "dpo": "dpo", "grpo": "grpo", "ppo": "ppo"}
@@ -22,9 +22,9 @@ def tree_for(values: dict) -> type:
     return _load(RECIPES[loops[0] if loops else "train"].tree)
 
 
-def readme_snippets() -> list[tuple[int, str]]:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
-    return [(text[:m.start()].count("\n") + 1, m.group(1)) for m in re.finditer(r"```yaml\n(.*?)```", text, re.S)]
+def docs_snippets() -> list[tuple[str, str]]:
+    """`(where, text)` of every `yaml` block of the documentation's pages."""
+    return [(block.where, block.text) for page in pages() for block in blocks(page) if block.language == "yaml"]
 
 
 @pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
@@ -34,15 +34,15 @@ def test_every_shipped_config_loads(path):
     assert cfg.checkpointing.checkpoint_dir  # a whole tree came back
 
 
-@pytest.mark.parametrize("line, snippet", readme_snippets(), ids=lambda v: str(v) if isinstance(v, int) else "")
-def test_every_readme_yaml_snippet_loads(tmp_path, line, snippet):
-    path = tmp_path / f"readme_{line}.yaml"
+@pytest.mark.parametrize("where, snippet", docs_snippets(), ids=[where for where, _ in docs_snippets()])
+def test_every_docs_yaml_snippet_loads(tmp_path, where, snippet):
+    path = tmp_path / "snippet.yaml"
     path.write_text(snippet, encoding="utf-8")
     load_config(path, tree_type=tree_for(yaml.safe_load(snippet)))
 
 
-def test_the_readme_has_yaml_snippets():
-    assert len(readme_snippets()) >= 3  # the test above is not vacuous
+def test_the_docs_have_yaml_snippets():
+    assert len(docs_snippets()) >= 3  # the test above is not vacuous
 
 
 @pytest.mark.parametrize("name, key, value", [

@@ -2,9 +2,7 @@
 .ci/run installs): every figure decodes, no script error, the tables are there and nothing is fetched."""
 
 import base64
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import pytest
 
 from rmkit.report import ModelScores, load_eval_set, write_report
 from tests.report.rb_data import EXTRA, ROWS, write_rb_files
+from tests.support.browser import chromium
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -26,15 +25,6 @@ def page(tmp_path) -> Path:
               ModelScores("b<eta>", "runs/beta", noisy, rewards[:, 1])]  # a name HTML must escape
     write_report(tmp_path / "out", evalset, models)
     return tmp_path / "out" / "report.html"
-
-
-def chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    if found is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("chromium is missing under CI (.ci/run installs Debian's chromium)")
-        pytest.skip("chromium is not installed (apt-get install chromium)")
-    return found
 
 
 def test_page_is_self_contained(page):

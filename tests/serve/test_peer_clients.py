@@ -213,8 +213,8 @@ def test_verl_vllm_branch_rendered_chat_without_bos(open_server, scorer):
         assert body["data"][-1]["probs"][-1] == pytest.approx(scorer.score([conversation])[0, 0].item(), abs=TOL)
 
 
-def test_readme_trl_reward_function(bt_server, scorer):
-    """The README's TRL reward function, on TRL's two reward-function input shapes (standard: strings;
+def test_docs_trl_reward_function(bt_server, scorer):
+    """The TRL reward function of docs/serving.md, on TRL's two reward-function input shapes (standard: strings;
     conversational: message lists), gives the served rewards."""
     from rmkit.serve import RewardClient
 

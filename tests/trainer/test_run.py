@@ -38,6 +38,21 @@ def test_a_fresh_run_over_an_old_folder_moves_the_old_run_aside(tiny_decoder, pa
     assert sorted(p.name for p in out.glob("step_*")) == ["step_1"]  # --resume can only pick this run's
 
 
+def test_runs_replaced_within_one_second_go_to_two_folders(tmp_path, monkeypatch):
+    import time
+
+    from rmkit.trainer.run import set_aside_earlier_run
+
+    monkeypatch.setattr(time, "gmtime", lambda *_: time.struct_time((2026, 1, 2, 3, 4, 5, 4, 2, 0)))
+    out = tmp_path / "run"
+    asides = []
+    for step in (1, 2):
+        (out / f"step_{step}").mkdir(parents=True)
+        asides.append(set_aside_earlier_run(out, out / "logs"))
+    assert [a.name for a in asides] == ["replaced-20260102-030405", "replaced-20260102-030405-2"]
+    assert [p.name for a in asides for p in a.glob("step_*")] == ["step_1", "step_2"]
+
+
 @pytest.mark.parametrize("earlier_final", [False, True])
 def test_a_kill_during_export_leaves_no_half_final_and_resume_finishes_it(tiny_decoder, pair_files, tmp_path,
                                                                           monkeypatch, earlier_final):
