@@ -112,7 +112,7 @@ def build_parser(name: str) -> argparse.ArgumentParser:
 def main(name: str, argv: list[str]) -> int:
     """Run the recipe `name` with the command line `argv`; rank 0 reports what it saved."""
     recipe = RECIPES[name]
-    args = build_parser(name).parse_args(argv)
+    args = build_parser(name).parse_intermixed_args(argv)  # overrides before and after --resume
     cfg = load_config(args.config, args.overrides + (["checkpointing.resume=auto"] if args.resume else []),
                       tree_type=_load(recipe.tree))
     from rmkit.errors import RunStopped

@@ -23,3 +23,13 @@ def test_a_resume_with_no_step_left_says_so_instead_of_a_zero_rate(tiny_policy, 
     assert cli.main([*args, "--resume"]) == 0
     err = capsys.readouterr().err
     assert "rmkit: no step left to train: the run was complete at step 1" in err and "0.00 sequences/s" not in err
+
+
+def test_overrides_may_come_before_and_after_resume(capsys):
+    """`rmkit ppo --config C a=1 --resume b=2`: both overrides reach the config (argparse's plain parsing stopped
+    at --resume and called the rest unrecognized)."""
+    from rmkit import cli
+
+    assert cli.main(["ppo", "ppo.max_num_steps=3", "--resume", "ppo.no_such_key=1"]) == 2
+    err = capsys.readouterr().err
+    assert "ppo.no_such_key" in err and "unrecognized arguments" not in err

@@ -117,6 +117,9 @@ def tiny_overrides(reward_backbone: str, policy: str) -> dict[str, list[str]]:
         "grpo": [f"policy.model_name={policy}", "grpo.max_num_steps=2", "grpo.num_prompts_per_step=2",
                  "grpo.num_generations_per_prompt=2", "grpo.max_val_samples=2", "grpo.val_batch_size=2",
                  "policy.generation.max_new_tokens=4", "policy.generation_batch_size=4", *batch, *quiet],
+        "ppo": [f"policy.model_name={policy}", "ppo.max_num_steps=2", "ppo.num_prompts_per_step=2",
+                "ppo.num_generations_per_prompt=2", "ppo.max_val_samples=2", "ppo.val_batch_size=2", "ppo.ppo_epochs=1",
+                "policy.generation.max_new_tokens=4", "policy.generation_batch_size=4", *batch, *quiet],
     }
 
 

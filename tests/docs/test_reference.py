@@ -31,7 +31,7 @@ def test_the_pages_hold_the_code(generated):
     assert all(f"## rmkit {name}" in generated["docs/reference/cli.md"] for name in SUBCOMMANDS)
     assert "## rmkit data check" in generated["docs/reference/cli.md"]
     config = generated["docs/reference/config.md"]
-    for loop in ("rm", "sft", "dpo", "grpo"):
+    for loop in ("rm", "sft", "dpo", "grpo", "ppo"):
         assert all(f"| `{loop}.{key}` |" in config for key in field_docs(LoopConfig))
     assert "| `loss_fn.ratio_clip_max` | float | `0.2` |" in config and "| `env.reward_model.url` |" in config
     assert "| `policy.optimizer.lr` | float | `5.0e-06` |" in config  # DPO's default, not the reward model's
