@@ -218,7 +218,8 @@ def critic_source(cfg: PPOConfig, policy_tokenizer) -> tuple[str, str]:
 
 def build_critic(cfg: PPOConfig, policy_tokenizer, device: torch.device, say: bool = True):
     """`(the critic's settings as a PolicyConfig, the critic, its tokenizer)` on `device`, ready to train; `say`:
-    print (rank 0) what it started from and why. A critic that cannot read the policy's tokens is refused (ConfigError on `value.model_name`)."""
+    print (rank 0) what it started from and why. A critic that cannot read the policy's tokens is refused
+    (ConfigError on `value.model_name`); a reward model that cannot be one leaves the choice to the policy."""
     name, why = critic_source(cfg, policy_tokenizer)
     try:
         critic, critic_tokenizer, kept_head = load_critic(resolve_model_name(name))
