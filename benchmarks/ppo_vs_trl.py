@@ -24,10 +24,10 @@ The KL: both put `kl_coef x k1` per token into the reward, `k1 = log pi(y_t) - l
 `use_kl_in_reward=true`, a fixed coefficient), and no KL term in the loss.
 
 The reward: both sides score prompt + completion as a conversation with the same code, rmkit's
-`RewardModelEnvironment` (the reward model's own chat template, the score at its last token, as `rmkit train` read
-it): rmkit through `env.reward_model.model_name`, TRL through its `get_reward` calls on the reward model, which are
-answered by that environment (`grpo_vs_trl.reward_callable`; TRL's own path would read the raw ids one token
-before the end the reward model was trained on). TRL's values still come from its own `get_reward` on the critic.
+`RewardModelEnvironment` (the reward model's chat template, read at its last token as `rmkit train` trained it):
+rmkit through `env.reward_model.model_name`, TRL through its `get_reward` calls on the reward model, answered by
+that environment (`rmkit_scorer`). TRL's own path would read the raw ids ending at EOS, one token short of the
+newline after it where a SmolLM2 reward model was trained to read. The critic's values are TRL's own `get_reward`.
 
 Known differences, each side as it ships:
 - old log-probs: TRL takes them from the generation's scores; rmkit recomputes them in a forward pass;
@@ -177,9 +177,37 @@ def rmkit_config(spec: dict) -> dict:
 # ---------------------------------------------------------------- inside a training process
 
 
-def read_messages(path: str) -> list[list[dict]]:
-    """The prompts (as messages) of a prompts file that `prepare` wrote."""
-    return [json.loads(line)["messages"] for line in Path(path).read_text().splitlines()]
+def trl_tokenizer(policy_dir: str):
+    """The policy's tokenizer as TRL's PPOTrainer needs it: left padding, and a pad token other than EOS. TRL ends
+    a completion at its first pad token and masks every pad id out of attention, so SmolLM2's pad (EOS, which
+    its chat template also writes at the end of each turn) would cut tokens out of the prompts."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(policy_dir, padding_side="left")
+    if tokenizer.pad_token_id == tokenizer.eos_token_id:
+        if tokenizer.unk_token_id in (None, tokenizer.eos_token_id):
+            raise SystemExit(f"{policy_dir}: pads with EOS and has no other token to pad with for TRL")
+        tokenizer.pad_token = tokenizer.unk_token
+    return tokenizer
+
+
+def rmkit_scorer(spec: dict, tokenizer, prompts: list[list[int]]):
+    """A stand-in for TRL's `get_reward(reward_model, query_responses [B, S], pad_token_id, context_length)`:
+    `(None, scores [B], None)` from rmkit's environment on each row's prompt (as messages) + decoded completion."""
+    from benchmarks.grpo_vs_trl import reward_callable
+
+    messages = [json.loads(line)["messages"] for line in Path(spec["prompts_file"]).read_text().splitlines()]
+    conversation = {tuple(ids): m for ids, m in zip(prompts, messages)}
+    rmkit_reward = reward_callable(spec["reward_model"])
+
+    def get_reward(model, query_responses, pad_token_id, context_length):
+        rows = [(row[:context_length], row[context_length:]) for row in query_responses.tolist()]
+        chats = [conversation[tuple(t for t in query if t != pad_token_id)] for query, _ in rows]
+        texts = [[{"content": tokenizer.decode([t for t in completion if t != pad_token_id], skip_special_tokens=True)}]
+                 for _, completion in rows]
+        return None, torch.tensor(rmkit_reward(chats, texts)), None
+
+    return get_reward
 
 
 def train_trl(spec: dict, clock: harness.PhaseClock) -> list[dict]:
@@ -189,21 +217,15 @@ def train_trl(spec: dict, clock: harness.PhaseClock) -> list[dict]:
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
     from trl.experimental.ppo import PPOConfig, PPOTrainer, ppo_trainer
 
-    from benchmarks.grpo_vs_trl import reward_callable
-
-    tokenizer = AutoTokenizer.from_pretrained(spec["policy_dir"], padding_side="left")
-    if tokenizer.pad_token_id == tokenizer.eos_token_id:
-        # TRL finds a completion's end at its first pad token and masks every pad id out of attention: a pad equal
-        # to EOS would cut the chat template's end-of-turn tokens out of the prompts.
-        if tokenizer.unk_token_id in (None, tokenizer.eos_token_id):
-            raise SystemExit(f"{spec['policy_dir']}: pads with EOS and has no other token to pad with for TRL")
-        tokenizer.pad_token = tokenizer.unk_token
+    tokenizer = trl_tokenizer(spec["policy_dir"])
     prompts = json.loads(Path(spec["prompt_ids_file"]).read_text())
     model = AutoModelForCausalLM.from_pretrained(spec["policy_dir"], dtype=torch.float32)
-    critic, reward = (AutoModelForSequenceClassification.from_pretrained(spec["reward_model"], num_labels=1,
-                                                                         dtype=torch.float32) for _ in range(2))
+    critic = AutoModelForSequenceClassification.from_pretrained(spec["reward_model"], num_labels=1, dtype=torch.float32)
+    # The reward model's calls are answered by rmkit's environment (it holds the reward model), so the trainer gets
+    # an empty module in its place, recognized below by identity.
+    placeholder = torch.nn.Module()
     trainer = PPOTrainer(args=PPOConfig(output_dir=spec["out_dir"], **trl_config(spec)), processing_class=tokenizer,
-                         model=model, ref_model=None, reward_model=reward, value_model=critic,
+                         model=model, ref_model=None, reward_model=placeholder, value_model=critic,
                          train_dataset=Dataset.from_dict({"input_ids": prompts}))
     generated = []
     generate = clock.timed(ppo_trainer.batch_generation, "generation")
@@ -215,23 +237,12 @@ def train_trl(spec: dict, clock: harness.PhaseClock) -> list[dict]:
         generated.append(int(ends.sum()))
         return sequences, logits
 
-    conversation = {tuple(ids): m for ids, m in zip(prompts, read_messages(spec["prompts_file"]))}
-    rmkit_reward = reward_callable(spec["reward_model"])
-
-    def same_scorer(model, query_responses, pad_token_id, context_length):
-        """TRL's `get_reward` on the reward model, answered by rmkit's environment: `(None, scores [B], None)`."""
-        rows = [(row[:context_length], row[context_length:]) for row in query_responses.tolist()]
-        chats = [conversation[tuple(t for t in query if t != pad_token_id)] for query, _ in rows]
-        texts = [[{"content": tokenizer.decode([t for t in completion if t != pad_token_id], skip_special_tokens=True)}]
-                 for _, completion in rows]
-        return None, torch.tensor(rmkit_reward(chats, texts)), None
-
-    scores = clock.timed(same_scorer, "reward_calculation")
+    scores = clock.timed(rmkit_scorer(spec, tokenizer, prompts), "reward_calculation")
     values = clock.timed(ppo_trainer.get_reward, "values")
     forward = ppo_trainer.forward
     reference = clock.timed(forward, "logprobs")
     ppo_trainer.batch_generation = counted_generation
-    ppo_trainer.get_reward = lambda model, *a, **k: (scores if model is trainer.reward_model else values)(model, *a, **k)
+    ppo_trainer.get_reward = lambda model, *a, **k: (scores if model is placeholder else values)(model, *a, **k)
     ppo_trainer.forward = lambda *a, **k: (forward if torch.is_grad_enabled() else reference)(*a, **k)
     trainer.train()
     trainer.save_model(spec["model_out"])
