@@ -180,9 +180,11 @@ class PhaseClock:
 # ---------------------------------------------------------------- workers
 
 
-def launch(script: str | Path, spec: dict, run_dir: Path, device: str, label: str) -> dict:
-    """Run `python SCRIPT worker RUN_DIR/spec.json` in a fresh process and return the result it wrote, with
-    `wall_s` (the whole process). `spec["threads"]` sets the torch and OpenMP threads; `device` cpu hides the
+def launch(script: str | Path, spec: dict, run_dir: Path, device: str, label: str,
+           python: str | Path = sys.executable) -> dict:
+    """Run `PYTHON SCRIPT worker RUN_DIR/spec.json` in a fresh process (`python`: this interpreter, or another
+    environment's, e.g. an older TRL's) and return the result it wrote, with `wall_s` (the whole process).
+    `spec["threads"]` sets the torch and OpenMP threads; `device` cpu hides the
     GPUs (rmkit takes CUDA whenever it sees it, `rmkit.distributed.init_distributed`), cuda leaves them
     visible. Output streams to RUN_DIR/log.txt, so a slow run can be watched; a failed run stops the
     benchmark with the log's tail."""
@@ -194,7 +196,7 @@ def launch(script: str | Path, spec: dict, run_dir: Path, device: str, label: st
            **({"CUDA_VISIBLE_DEVICES": ""} if device == "cpu" else {})}
     start = time.perf_counter()
     with open(log_path, "w") as log:
-        proc = subprocess.run([sys.executable, str(script), "worker", str(spec_path)], env=env, stdout=log,
+        proc = subprocess.run([str(python), str(script), "worker", str(spec_path)], env=env, stdout=log,
                               stderr=subprocess.STDOUT)
     wall = time.perf_counter() - start
     if proc.returncode:

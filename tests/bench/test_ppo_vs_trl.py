@@ -1,0 +1,106 @@
+"""benchmarks/ppo_vs_trl.py: the command line, the settings both configs are built from (every matched key
+checked against its counterpart, rmkit's config loaded by rmkit's own loader), and, where the TRL 1.12.0
+environment exists (benchmarks/setup_trl_ppo_env.sh), the smoke run end to end."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from benchmarks import ppo_vs_trl
+from rmkit.config import load_config
+from rmkit.recipes.configs import PPOConfig
+from tests.bench.test_grpo_vs_trl import numbers
+
+
+def args(*argv: str):
+    return ppo_vs_trl.parse_args([*argv, "--trl-python", sys.executable])
+
+
+def test_command_line_checks_and_smoke_defaults(capsys):
+    for bad in (["--sides", "rmkit"], ["--reward-model", "rm", "--prompts", "6", "--minibatches", "4"],
+                ["--reward-model", "rm", "--sides", "trl,other"]):
+        with pytest.raises(SystemExit):
+            args(*bad)
+    assert "--reward-model is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ppo_vs_trl.parse_args(["--smoke", "--trl-python", "/nonexistent/python"])
+    assert "setup_trl_ppo_env.sh" in capsys.readouterr().err
+    smoke = args("--smoke", "--steps", "3")
+    assert (smoke.prompts, smoke.max_new_tokens, smoke.steps) == (ppo_vs_trl.SMOKE["prompts"],
+                                                                 ppo_vs_trl.SMOKE["max_new_tokens"], 3)
+    assert smoke.output == smoke.work_dir / "ppo_vs_trl_smoke.json"  # a smoke run never overwrites the results
+    real = args("--reward-model", "rm")
+    assert real.output.parts[-3:] == ("benchmarks", "results", "ppo_vs_trl.json")
+
+
+def test_both_configs_carry_the_same_settings(tmp_path):
+    a = args("--reward-model", "rm", "--prompts", "12", "--minibatches", "3", "--ppo-epochs", "4", "--steps", "5",
+             "--lr", "2e-6", "--kl-coef", "0.07", "--temperature", "0.8", "--gae-lambda", "0.9", "--gamma", "0.99",
+             "--cliprange", "0.3", "--cliprange-value", "0.4", "--vf-coef", "0.2", "--max-new-tokens", "40")
+    spec = {**ppo_vs_trl.settings(a), "policy_dir": "policy", "reward_model": "rm", "prompts_file": "p.jsonl",
+            "out_dir": str(tmp_path / "run")}
+    trl, rm = ppo_vs_trl.trl_config(spec), ppo_vs_trl.rmkit_config(spec)
+    ppo, policy, value, loss = rm["ppo"], rm["policy"], rm["value"], rm["loss_fn"]
+    # the batch: 12 prompts x 1 completion, 3 minibatches of one micro-batch each, 4 epochs, 5 rollouts
+    assert trl["per_device_train_batch_size"] * trl["gradient_accumulation_steps"] == 12
+    assert ppo["num_prompts_per_step"] * ppo["num_generations_per_prompt"] == 12
+    assert 12 // trl["num_mini_batches"] == policy["train_global_batch_size"] == policy["train_micro_batch_size"] == 4
+    assert trl["num_ppo_epochs"] == ppo["ppo_epochs"] == 4
+    assert trl["total_episodes"] == ppo["max_num_steps"] * 12 == 60
+    # sampling, optimizer, KL, GAE, clipping
+    assert trl["response_length"] == policy["generation"]["max_new_tokens"] == 40
+    assert trl["temperature"] == policy["generation"]["temperature"] == 0.8
+    assert trl["learning_rate"] == policy["optimizer"]["lr"] == value["optimizer"]["lr"] == 2e-6
+    assert trl["weight_decay"] == policy["optimizer"]["weight_decay"] == value["optimizer"]["weight_decay"] == 0
+    assert policy["max_grad_norm"] is None and value["max_grad_norm"] is None  # TRL's PPOTrainer clips nothing
+    assert (trl["kl_coef"], trl["kl_estimator"]) == (loss["reference_policy_kl_penalty"],
+                                                     loss["reference_policy_kl_type"]) == (0.07, "k1")
+    assert loss["use_kl_in_reward"] and ppo["kl_target"] is None  # TRL: the KL in the reward, a fixed coefficient
+    assert (trl["lam"], trl["gamma"]) == (ppo["adv_estimator"]["gae_lambda"], ppo["adv_estimator"]["gae_gamma"])
+    assert trl["cliprange"] == loss["ratio_clip_min"] == loss["ratio_clip_max"] == 0.3
+    assert (trl["vf_coef"], trl["cliprange_value"]) == (rm["value_loss_fn"]["scale"], rm["value_loss_fn"]["cliprange"])
+    assert not trl["whiten_rewards"] and ppo["adv_estimator"]["normalize_advantages"]  # TRL whitens advantages
+    assert value["model_name"] is None  # the critic from the reward model, as TRL's value_model
+    assert not trl["bf16"] and policy["precision"] == "float32"
+    # rmkit's own loader takes the config as it is written for the run
+    path = tmp_path / "bench.yaml"
+    path.write_text(yaml.safe_dump(rm))
+    cfg = load_config(path, tree_type=PPOConfig)
+    assert cfg.ppo.ppo_epochs == 4 and cfg.policy.train_global_batch_size == 4 and cfg.loss_fn.use_kl_in_reward
+
+
+@pytest.mark.slow  # ~80 s: two training subprocesses, each importing transformers (and TRL 1.12.0)
+@pytest.mark.skipif(not ppo_vs_trl.TRL_PYTHON.exists(),
+                    reason="no .venv-trl112: run benchmarks/setup_trl_ppo_env.sh for the end-to-end run")
+def test_smoke_run_end_to_end(shared_data, tmp_path):
+    out = tmp_path / "ppo_vs_trl.json"
+    assert ppo_vs_trl.main(["--smoke", "--threads", "1", "--data-dir", str(shared_data),
+                            "--work-dir", str(tmp_path / "work"), "--output", str(out)]) == 0
+    payload = json.loads(out.read_text())
+    assert [r["side"] for r in payload["runs"]] == ["trl", "rmkit"]
+    assert payload["versions"]["trl"]["trl"] == "1.12.0"
+    assert payload["versions"]["trl"]["torch"] == payload["versions"]["rmkit"]["torch"]
+    for run in payload["runs"]:
+        assert len(run["steps"]) == ppo_vs_trl.SMOKE["steps"] and run["steps_per_s"] > 0
+        assert all(step[p] >= 0 for step in run["steps"] for p in ppo_vs_trl.PARTS), run["steps"]
+        assert all(step["generation"] > 0 and step["reward_calculation"] > 0 and step["values"] > 0
+                   and step["logprobs"] > 0 and step["training"] > 0 and step["generated_tokens"] > 0
+                   for step in run["steps"]), run["steps"]
+    assert payload["runs"][1]["critic"].endswith(": the reward model")
+    assert set(payload["held_out_reward"]) == {"initial", "trl", "rmkit"}
+    assert all(len(h["rewards"]) == ppo_vs_trl.SMOKE["eval_prompts"] for h in payload["held_out_reward"].values())
+    assert payload["speedup_rmkit_over_trl"] > 0
+    leaves = numbers({"runs": payload["runs"], "held_out_reward": payload["held_out_reward"]})
+    bad = [p for p, v in leaves if v is None or (isinstance(v, float) and not math.isfinite(v))]
+    assert not bad, bad
+    assert "| **rmkit / TRL steps/s** |" in ppo_vs_trl.markdown_table(payload)
+    initial = load_file(tmp_path / "work" / "policy" / "model.safetensors")
+    for run in payload["runs"]:  # both sides trained the same policy and saved it
+        final = load_file(next(Path(run["model_dir"]).glob("*.safetensors")))
+        assert final.keys() == initial.keys() and any(not torch.equal(final[k], initial[k]) for k in initial)
