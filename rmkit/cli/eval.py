@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from rmkit.cli import description
 from rmkit.data import FORMATS, load_preference_data, write_rejects
 from rmkit.errors import ConfigError
 from rmkit.inference import RewardScorer, load_scorer
@@ -46,7 +47,7 @@ def load_for_inference(args: argparse.Namespace) -> RewardScorer:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rmkit eval", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="rmkit eval", description=description(__doc__))
     add_model_arguments(parser, several=True)
     parser.add_argument("--data", required=True, action="append",
                         help="preference file (JSONL, JSON, Parquet) or HF dataset; repeat it with --report")
