@@ -12,7 +12,8 @@ leading special tokens and its newest tokens, the same ones for every response o
 
 Demonstrations (SFT) are whole conversations: `demonstration_ids` finds each assistant turn's tokens by
 rendering the conversation prefix by prefix, so a single-turn demonstration is exactly `render_prompt` +
-`response_ids`, and `fit_demonstration` cuts it by the same rule.
+`response_ids`, and `fit_demonstration` cuts it by the same rule; a plain-text document (`document_ids`) is
+trained on every token.
 """
 
 from __future__ import annotations
@@ -227,6 +228,16 @@ def demonstration_ids(tokenizer, messages: list[Message], assistant_only: bool =
         mask = [1] * len(ids)
     mask[0] = 0  # position 0 has no log-prob (docs/design.md)
     return DemonstrationIds(ids, mask, spans[-1][0], source)
+
+
+def document_ids(tokenizer, text: str, source: str = "") -> DemonstrationIds:
+    """A plain-text document as TRL's language-modeling datasets train on it: the text with the tokenizer's
+    special tokens and EOS (unless it already ends so), every token trained on. Its sample at validation
+    continues the first half (`prompt_length`)."""
+    ids = encode_text(tokenizer, text)
+    if tokenizer.eos_token_id is not None and ids[-1:] != [tokenizer.eos_token_id]:
+        ids.append(tokenizer.eos_token_id)
+    return DemonstrationIds(ids, [0] + [1] * (len(ids) - 1), len(ids) // 2, source)
 
 
 def fit_demonstration(tokenizer, demo: DemonstrationIds, max_length: int) -> tuple[DemonstrationIds, bool]:

@@ -12,7 +12,6 @@ gradient accumulation, `rmkit.trainer.accumulate`).
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +20,7 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.config import SamplingParams
-from rmkit.data import load_preference_data, write_rejects
+from rmkit.data import load_preference_data
 from rmkit.data.policy_tokenize import PolicyPair, tokenize_policy_pairs
 from rmkit.errors import DataError
 from rmkit.generation import generate_completions
@@ -37,7 +36,7 @@ from rmkit.trainer.progress import ProgressBar, StepWindow
 from rmkit.trainer.reference_logprobs import reference_logprobs, weights_digest
 from rmkit.trainer.resume import restore_rng, save_training_checkpoint
 from rmkit.trainer.run import Cadence, RunResult, apply_update, finish_run, resume, run_batches, start_run
-from rmkit.trainer.run_data import make_sampler, resolve_data_path
+from rmkit.trainer.run_data import make_sampler, report_data, resolve_data_path
 from rmkit.trainer.run_log import RunLogger, announce, append_samples, report_validation, summary
 from rmkit.trainer.sharding import shard_policy
 from rmkit.trainer.state import TrainState, total_steps
@@ -53,13 +52,8 @@ def load_pairs(cfg: DPOTree, path: str, tokenizer, rejects_path: Path, label: st
         rejected_key=data.rejected_key, on_error=data.on_error, keep_ties=data.keep_ties,
         allow_empty_response=data.allow_empty_response, split=data.split)
     tokenized = tokenize_policy_pairs(loaded.records, tokenizer, max_length, overlong=data.overlong)
-    skipped = list(loaded.skipped) + list(tokenized.dropped)
-    if dist.is_main():
-        if skipped:
-            write_rejects(rejects_path, skipped)
-        print(f"rmkit: {label}: {len(tokenized.pairs)} pairs from {path} ({tokenized.truncated} truncated to "
-              f"{max_length} tokens" + (f", {len(skipped)} skipped -> {rejects_path}" if skipped else "") + ")",
-              file=sys.stderr)
+    report_data(label, path, loaded, len(tokenized.pairs), "pair", rejects_path, tokenized.dropped,
+                [f"{tokenized.truncated} truncated to {max_length} tokens"])
     return tokenized.pairs
 
 

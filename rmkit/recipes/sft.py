@@ -13,7 +13,6 @@ greedy answers to held-out prompts to `<log_dir>/samples.jsonl`.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +21,6 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.config import SamplingParams
-from rmkit.data import write_rejects
 from rmkit.data.demonstrations import load_demonstrations, tokenize_demonstrations
 from rmkit.data.policy_tokenize import DemonstrationIds
 from rmkit.errors import DataError
@@ -38,7 +36,7 @@ from rmkit.trainer.plots import plot_training_curves
 from rmkit.trainer.progress import ProgressBar, StepWindow
 from rmkit.trainer.resume import restore_rng, save_training_checkpoint
 from rmkit.trainer.run import Cadence, RunResult, apply_update, finish_run, resume, run_batches, start_run
-from rmkit.trainer.run_data import make_sampler, resolve_data_path
+from rmkit.trainer.run_data import make_sampler, report_data, resolve_data_path
 from rmkit.trainer.run_log import announce, append_samples, report_validation, summary
 from rmkit.trainer.sharding import shard_policy
 from rmkit.trainer.state import TrainState, total_steps
@@ -56,12 +54,8 @@ def load_demonstration_set(cfg: SFTTree, path: str, tokenizer, rejects: Path, la
                                  keep_ties=data.keep_ties, on_error=data.on_error, split=data.split)
     tokenized = tokenize_demonstrations(loaded.records, tokenizer, max_length, data.overlong, sft.assistant_only_loss,
                                         sft.only_unmask_final, data.on_error)
-    skipped = list(loaded.skipped) + tokenized.dropped
-    if dist.is_main():
-        if skipped:
-            write_rejects(rejects, skipped)
-        print(f"rmkit: {label}: {len(tokenized.items)} demonstrations from {path} ({tokenized.truncated} truncated to "
-              f"{max_length} tokens" + (f", {len(skipped)} skipped -> {rejects}" if skipped else "") + ")", file=sys.stderr)
+    report_data(label, path, loaded, len(tokenized.items), "demonstration", rejects, tokenized.dropped,
+                [f"{tokenized.truncated} truncated to {max_length} tokens"])
     return tokenized.items
 
 

@@ -11,7 +11,6 @@ consecutive and share its group index).
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,7 +18,6 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.config import SamplingParams
-from rmkit.data import write_rejects
 from rmkit.data.prompts import load_prompts
 from rmkit.data.tokenize import as_messages, render_prompt
 from rmkit.errors import DataError, RolloutFailed
@@ -27,7 +25,7 @@ from rmkit.generation import generate_completions
 from rmkit.losses.logprobs import next_token_logprobs
 from rmkit.models.setup import autocast
 from rmkit.models.shared_prefix import Group, shared_prefix_logits
-from rmkit.trainer.run_data import resolve_data_path
+from rmkit.trainer.run_data import report_data, resolve_data_path
 
 
 @dataclass
@@ -47,19 +45,16 @@ def load_prompt_set(path: str, cfg, tokenizer, rejects: Path, label: str) -> lis
     loaded = load_prompts(resolve_data_path(path), data.format if data.format != "regression" else "prompts",
                           prompt_key=data.prompt_key, chosen_key=data.chosen_key, rejected_key=data.rejected_key,
                           on_error=data.on_error, split=data.split)
-    items, skipped = [], list(loaded.skipped)
+    items, too_long = [], []
     for prompt in loaded.records:
         ids = render_prompt(tokenizer, prompt.prompt)
         if len(ids) > budget:
-            skipped.append((prompt.source, f"the prompt has {len(ids)} tokens; with policy.generation.max_new_tokens "
-                                           f"it exceeds policy.max_total_sequence_length"))
+            too_long.append((prompt.source, f"the prompt has {len(ids)} tokens; with policy.generation.max_new_tokens "
+                                            f"it exceeds policy.max_total_sequence_length"))
         else:
             items.append(PromptItem(prompt.source, prompt.prompt, ids))
-    if dist.is_main():
-        if skipped:
-            write_rejects(rejects, skipped)
-        print(f"rmkit: {label}: {len(items)} prompts from {path}"
-              + (f" ({len(skipped)} skipped -> {rejects})" if skipped else ""), file=sys.stderr)
+    report_data(label, path, loaded, len(items), "prompt", rejects, too_long)
+    skipped = loaded.skipped + too_long
     if not items:
         raise DataError(path, None, None, f"no usable prompts ({len(skipped)} skipped, see {rejects})"
                         if skipped else "no prompts")

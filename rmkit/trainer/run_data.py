@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from rmkit import distributed as dist
 from rmkit.config import Config
-from rmkit.data import load_preference_data, load_regression_data, write_rejects
+from rmkit.data import LoadResult, load_preference_data, load_regression_data, loaded_line, write_rejects
 from rmkit.data.readers import check_data_path
 from rmkit.data.sampler import LengthGroupedBatchSampler
 from rmkit.data.tokenize import tokenize_pairs, tokenize_regression
@@ -39,6 +40,21 @@ class RunData:
     lengths: list[int]
 
 
+def report_data(label: str, path: str, loaded: LoadResult, count: int, noun: str, rejects: Path,
+                dropped: Sequence[tuple[str, str]] = (), notes: Sequence[str] = ()) -> None:
+    """Rank 0 (every rank loads the same data) writes a set's skipped records (`loaded.skipped`, then `dropped`)
+    to `rejects` and prints what the set gave in `rmkit data check`'s words (`loaded_line`), then `notes` and
+    the skipped count: `rmkit: train: data.jsonl: 360 pairs (binary format); 2 truncated to 512 tokens`."""
+    skipped = list(loaded.skipped) + list(dropped)
+    if not dist.is_main():
+        return
+    if skipped:
+        write_rejects(rejects, skipped)
+    notes = [*notes, *([f"{len(skipped)} skipped -> {rejects}"] if skipped else [])]
+    print(f"rmkit: {label}: {loaded_line(path, count, noun, loaded.format)}" + (f"; {', '.join(notes)}" if notes else ""),
+          file=sys.stderr)
+
+
 def _load_and_tokenize(path: str, cfg: Config, tokenizer, rejects_path: Path, label: str, truncation: str) -> list:
     data = cfg.data
     max_length = cfg.policy.max_total_sequence_length
@@ -57,13 +73,9 @@ def _load_and_tokenize(path: str, cfg: Config, tokenizer, rejects_path: Path, la
         )
         tokenized = tokenize_pairs(loaded.records, tokenizer, max_length, overlong=data.overlong, truncation=truncation)
         items = tokenized.pairs
-    skipped = list(loaded.skipped) + list(tokenized.dropped)
-    if dist.is_main():  # every rank loads the same data; one of them reports it
-        if skipped:
-            write_rejects(rejects_path, skipped)
-        print(f"rmkit: {label}: {len(items)} {'examples' if cfg.policy.reward_model_cfg.reward_model_type == 'regression' else 'pairs'}"
-              f" from {path} ({tokenized.truncated} truncated to {max_length} tokens"
-              + (f", {len(skipped)} skipped -> {rejects_path}" if skipped else "") + ")", file=sys.stderr)
+    noun = "example" if cfg.policy.reward_model_cfg.reward_model_type == "regression" else "pair"
+    report_data(label, path, loaded, len(items), noun, rejects_path, tokenized.dropped,
+                [f"{tokenized.truncated} truncated to {max_length} tokens"])
     return items
 
 
