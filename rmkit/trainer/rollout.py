@@ -12,7 +12,6 @@ consecutive and share its group index).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
@@ -25,7 +24,7 @@ from rmkit.generation import generate_completions
 from rmkit.losses.logprobs import next_token_logprobs
 from rmkit.models.setup import autocast
 from rmkit.models.shared_prefix import Group, shared_prefix_logits
-from rmkit.trainer.run_data import report_data, resolve_data_path
+from rmkit.trainer.run_data import DataSet, report_data, resolve_data_path
 
 
 @dataclass
@@ -37,12 +36,12 @@ class PromptItem:
     ids: list[int]
 
 
-def load_prompt_set(path: str, cfg, tokenizer, rejects: Path, label: str) -> list[PromptItem]:
-    """The prompts of `path` rendered for the policy; prompts that leave no room for `max_new_tokens` within
-    `policy.max_total_sequence_length` are skipped (listed in `rejects`), as are bad records under
+def load_prompt_set(cfg, ds: DataSet, tokenizer) -> list[PromptItem]:
+    """The prompts of a data set rendered for the policy; prompts that leave no room for `max_new_tokens` within
+    `policy.max_total_sequence_length` are skipped (listed in its rejects file), as are bad records under
     `data.on_error: skip`."""
-    data, budget = cfg.data, cfg.policy.max_total_sequence_length - cfg.policy.generation.max_new_tokens
-    loaded = load_prompts(resolve_data_path(path), data.format if data.format != "regression" else "prompts",
+    data, budget = ds.data, cfg.policy.max_total_sequence_length - cfg.policy.generation.max_new_tokens
+    loaded = load_prompts(resolve_data_path(ds.path), data.format if data.format != "regression" else "prompts",
                           prompt_key=data.prompt_key, chosen_key=data.chosen_key, rejected_key=data.rejected_key,
                           on_error=data.on_error, split=data.split)
     items, too_long = [], []
@@ -53,10 +52,10 @@ def load_prompt_set(path: str, cfg, tokenizer, rejects: Path, label: str) -> lis
                                             f"it exceeds policy.max_total_sequence_length"))
         else:
             items.append(PromptItem(prompt.source, prompt.prompt, ids))
-    report_data(label, path, loaded, len(items), "prompt", rejects, too_long)
+    report_data(ds, loaded, len(items), "prompt", too_long)
     skipped = loaded.skipped + too_long
     if not items:
-        raise DataError(path, None, None, f"no usable prompts ({len(skipped)} skipped, see {rejects})"
+        raise DataError(ds.path, None, None, f"no usable prompts ({len(skipped)} skipped, see {ds.rejects})"
                         if skipped else "no prompts")
     return items
 
