@@ -39,12 +39,11 @@ def check_val_keys(data) -> None:
     remapped one: a DataError naming the file, the field and how to give the file its own keys."""
     standard = type(data)()
     remapped = {k: getattr(data, k) for k in data.key_names() if getattr(data, k) != getattr(standard, k)}
-    for name, path in data.val_data_paths.items():
-        if not remapped or name in data.val_keys:
+    for name, path in data.val_data_paths.items() if remapped else ():
+        record = None if name in data.val_keys else first_record(resolve_data_path(path), data.split)
+        if record is None:
             continue
-        record = first_record(resolve_data_path(path), data.split)
-        missing = [k for k, field in remapped.items()
-                   if record is not None and field not in record.data and getattr(standard, k) in record.data]
+        missing = [k for k, field in remapped.items() if field not in record.data and getattr(standard, k) in record.data]
         if missing:
             key = missing[0]
             given = ", ".join(f"data.{k}={remapped[k]}" for k in missing)
