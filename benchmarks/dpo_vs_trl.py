@@ -164,8 +164,8 @@ def train_rmkit(spec: dict, clock: harness.PhaseClock) -> str:
 
     load_pairs, trained = dpo.load_pairs, []
 
-    def load_recorded_pairs(cfg, path, tokenizer, rejects_path, label):
-        pairs = load_pairs(cfg, path, tokenizer, rejects_path, label)
+    def load_recorded_pairs(*args):
+        pairs = load_pairs(*args)
         trained.extend({k: getattr(p, k) for k in ID_KEYS} for p in pairs)
         return pairs
 

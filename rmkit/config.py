@@ -317,9 +317,31 @@ class DataConfig:
     """`length_grouped`: each epoch's shuffled pairs are sorted by length within windows of this many global
     batches, then the batches are shuffled. Smaller windows mix lengths more (batches closer to random),
     larger ones pad less."""
+    val_keys: dict[str, dict[str, str]] = field(default_factory=dict)
+    """A validation set's own field names, when its file is laid out unlike the training file: `{hh: {}}` reads
+    `val_data_paths.hh` with the standard keys (`prompt`, `chosen`, ...), `{hh: {prompt_key: question}}`
+    with one key changed from them. A set without an entry is read with the training file's `*_key`s."""
 
     def __post_init__(self):
         _check(self.length_group_window >= 1, "data.length_group_window", "must be >= 1")
+        for name, keys in self.val_keys.items():
+            _check(name in self.val_data_paths, f"data.val_keys.{name}",
+                   f"no validation set '{name}' in data.val_data_paths (sets: {', '.join(self.val_data_paths) or 'none'})")
+            for key in keys:
+                _check(key in self.key_names(), f"data.val_keys.{name}.{key}",
+                       f"unknown key (known: {', '.join(self.key_names())})")
+
+    def key_names(self) -> list[str]:
+        """The field-name options (`prompt_key`, `chosen_key`, ...) of this data section."""
+        return [f.name for f in dataclasses.fields(self) if f.name.endswith("_key")]
+
+    def for_set(self, name: str | None) -> DataConfig:
+        """The options that read validation set `name` (None: the training file): the training file's keys, or
+        the set's own `val_keys` over the standard ones."""
+        if name not in self.val_keys:
+            return self
+        standard = type(self)()
+        return dataclasses.replace(self, **{k: getattr(standard, k) for k in self.key_names()} | self.val_keys[name])
 
 
 @dataclass

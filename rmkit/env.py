@@ -6,12 +6,16 @@
     batch, metrics = env.global_post_process_and_metrics({"rewards": out.rewards})
 
 Both backends tokenize the conversations with the reward model's chat template and read the reward the
-same way, so they return the same rewards (a test checks it). Unlike NeMo RL this is a plain object, not
-a Ray actor; wrap it in `ray.remote` if your trainer needs one.
+same way, so they return the same rewards (a test checks it). In process it is a plain object; as NeMo RL
+runs its environments, a Ray actor (the `ray` extra):
+
+    env = RewardModelEnvironment.remote(config)            # or .options(num_gpus=1).remote(config)
+    out = ray.get(env.step.remote(message_logs, env_infos))
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any, NamedTuple
 
 import torch
@@ -37,8 +41,9 @@ class EnvironmentReturn(NamedTuple):
     answers: list[str | None] | None
 
 
-class RewardModelEnvironment:
-    """Scores each finished conversation of a batch with a reward model.
+class _RewardModelEnvironment:
+    """Scores each finished conversation of a batch with a reward model (`RewardModelEnvironment`, in process or
+    as a Ray actor).
 
     Config keys: exactly one of `model_name` (a model directory, scored in process) or `url` (a
     running `rmkit serve`); for the engine `device`, `dtype` (or NeMo's `precision`), `max_batch_tokens`,
@@ -113,6 +118,34 @@ class RewardModelEnvironment:
             self.client.close()
         if self.engine is not None:
             self.engine.close()
+
+
+class RewardModelEnvironment(_RewardModelEnvironment):
+    """A reward model as an RL environment (the module docstring; its config keys: `_RewardModelEnvironment`).
+    `RewardModelEnvironment(config)` runs in this process; `RewardModelEnvironment.remote(config)` (or
+    `.options(...)`, Ray's actor options, then `.remote(config)`) starts it as a Ray actor, NeMo RL's way, whose
+    methods are called with `.remote(...)` and their results read with `ray.get`."""
+
+    @classmethod
+    def remote(cls, config: dict[str, Any]):
+        """A Ray actor handle of the environment of `config` (in a Ray worker process)."""
+        return ray_actor_class().remote(config)
+
+    @classmethod
+    def options(cls, **options):
+        """Ray's actor class with `options` (`num_gpus`, `num_cpus`, `runtime_env`, ...): call `.remote(config)` on it."""
+        return ray_actor_class().options(**options)
+
+
+@functools.cache
+def ray_actor_class():
+    """The environment as a Ray actor class (made from `_RewardModelEnvironment`: Ray would overwrite the public
+    class's own `remote`); an ImportError saying how to install Ray when it is not."""
+    try:
+        import ray
+    except ImportError:
+        raise ImportError("RewardModelEnvironment.remote needs Ray: pip install 'rmkit[ray]'") from None
+    return ray.remote(_RewardModelEnvironment)
 
 
 def environment_for(rm) -> RewardModelEnvironment:

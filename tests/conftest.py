@@ -1,6 +1,8 @@
 """Shared test setup: slow tests run only with RMKIT_SLOW=1 (CI sets it) or when selected with -m slow."""
 
+import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -52,4 +54,16 @@ def tiny_policy(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("tiny_policy")
     LlamaForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_plain_policy(tiny_policy, tmp_path_factory) -> str:
+    """`tiny_policy` with no chat template (a base model's tokenizer): rmkit renders its prompts plainly."""
+    path = tmp_path_factory.mktemp("tiny_plain_policy") / "policy"
+    shutil.copytree(tiny_policy, path)
+    (path / "chat_template.jinja").unlink(missing_ok=True)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
     return str(path)

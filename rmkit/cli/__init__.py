@@ -30,6 +30,11 @@ USAGE = "usage: rmkit [--version] {" + ",".join(SUBCOMMANDS) + "} ...\n\n" + "\n
 )
 
 
+def description(doc: str) -> str:
+    """A subcommand's `--help` description: its module docstring's first paragraph, whole."""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):

@@ -11,7 +11,14 @@ import json
 import statistics
 import sys
 
-from rmkit.data import FORMATS, LoadResult, load_preference_data, load_regression_data, write_rejects
+from rmkit.data import (
+    FORMATS,
+    LoadResult,
+    load_preference_data,
+    load_regression_data,
+    loaded_line,
+    write_rejects,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -100,7 +107,7 @@ def token_report(result: LoadResult, args) -> dict:
 
 
 def print_report(report: dict) -> None:
-    print(f"{report['file']}: {report['records']} {report['kind']} ({report['format']} format)")
+    print(loaded_line(report["file"], report["records"], report["kind"].removesuffix("s"), report["format"]))
     if report["ties_skipped"]:
         print(f"  {report['ties_skipped']} tie pairs skipped (--keep-ties)")
     tokens = report.get("tokens")

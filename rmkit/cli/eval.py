@@ -14,9 +14,11 @@ from pathlib import Path
 
 import torch
 
+from rmkit.cli import description
 from rmkit.data import FORMATS, load_preference_data, write_rejects
+from rmkit.data.readers import check_data_path
 from rmkit.errors import ConfigError
-from rmkit.inference import RewardScorer, load_scorer
+from rmkit.inference import RewardScorer, check_reward_model_dir, load_scorer
 from rmkit.report.layouts import LAYOUTS, detect_layout
 from rmkit.validation import pair_metrics
 
@@ -35,9 +37,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, several: bool = False) 
 
 
 def load_for_inference(args: argparse.Namespace) -> RewardScorer:
-    """The inference core's scorer of `args.model` on the best device."""
-    if not Path(args.model).exists() and "/" not in args.model:
-        raise ConfigError("--model", f"no such model directory: {args.model}")
+    """The inference core's scorer of `args.model` (checked by `check_reward_model_dir`) on the best device."""
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -46,7 +46,7 @@ def load_for_inference(args: argparse.Namespace) -> RewardScorer:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rmkit eval", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="rmkit eval", description=description(__doc__))
     add_model_arguments(parser, several=True)
     parser.add_argument("--data", required=True, action="append",
                         help="preference file (JSONL, JSON, Parquet) or HF dataset; repeat it with --report")
@@ -66,7 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     parser.add_argument("--report", metavar="OUT_DIR", default=None,
                         help="write report.json, report.html, scores-<model>.jsonl (and disagreements.jsonl) there "
-                             "instead of printing metrics (docs/reward-models/evaluate.md)")
+                             "instead of printing metrics (README: 'Evaluation, scoring and export')")
     parser.add_argument("--top-disagreements", type=int, default=50,
                         help="with several models: pairs per two models in disagreements.jsonl")
     parser.add_argument("--calibration-bins", type=int, default=10, help="bins of the reliability diagram")
@@ -150,8 +150,21 @@ def print_report(report: dict, out_dir: str) -> None:
     print(f"report: {Path(out_dir) / 'report.html'}")
 
 
+def check_paths(args: argparse.Namespace) -> None:
+    """The data files, the models and the report folder, before any model loads (a ConfigError naming the option)."""
+    for data in args.data:
+        check_data_path(data, "--data")
+    for model in args.model:
+        check_reward_model_dir(model, "--model")
+    if args.report is not None and Path(args.report).exists() and not Path(args.report).is_dir():
+        raise ConfigError("--report", f"{args.report} is a file; --report names a folder to write report.json, "
+                                      "report.html and scores-*.jsonl into (a new one, or an earlier report's, "
+                                      "whose files are replaced)")
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    check_paths(args)
     if args.report is not None:
         report = write_model_report(args)
         if args.json:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from rmkit.cli import description
 from rmkit.cli.eval import add_model_arguments, load_for_inference
 from rmkit.data import FORMATS, load_preference_data
 from rmkit.data.readers import check_data_path
@@ -34,7 +35,7 @@ REQUEST_SIZES = (1, 2, 3, 32)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rmkit parity", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="rmkit parity", description=description(__doc__))
     add_model_arguments(parser)
     parser.add_argument("--data", required=True, help="preference file in any format rmkit reads")
     parser.add_argument("--format", default="auto", choices=FORMATS, help="record format (default: sniffed)")

@@ -68,8 +68,8 @@ RECIPES = {
         "pairs/s", ("/acc", "/loss"), "Reward model", _REWARD_MODEL_USE),
     "sft": Recipe(
         "rmkit.recipes.configs:SFTTree", "rmkit.recipes.sft:train",
-        "Fine-tune a policy (any causal LM) on demonstrations: chat `messages`, prompt/response records or the "
-        "chosen side of preference data. Overrides use dotted keys, e.g. policy.optimizer.lr=1e-5 "
+        "Fine-tune a policy (any causal LM) on demonstrations: chat `messages`, prompt/response records, plain "
+        "`text` or the chosen side of preference data. Overrides use dotted keys, e.g. policy.optimizer.lr=1e-5 "
         "sft.max_num_steps=100 data.train_data_path=demos.jsonl",
         "YAML config (default: all defaults, SmolLM2 on rmkit's small preference set)",
         "sequences/s", ("/loss", "/token_acc"), "Policy", _POLICY_USE),

@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+from rmkit.cli import description
 from rmkit.cli.eval import add_model_arguments, load_for_inference
 from rmkit.data.readers import RawRecord, check_data_path, read_records
 from rmkit.data.tokenize import canonical_input
@@ -21,7 +22,7 @@ from rmkit.inference import check_reward_model_dir
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rmkit score", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="rmkit score", description=description(__doc__))
     add_model_arguments(parser)
     parser.add_argument("--input", required=True, help="JSONL / JSON / Parquet file of records")
     parser.add_argument("--output", required=True, help="JSONL file to write (the records plus rewards)")

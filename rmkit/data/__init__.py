@@ -14,11 +14,12 @@ from rmkit.data.load import (
     load_preference_data,
     load_regression_data,
     load_validation_sets,
+    loaded_line,
     write_rejects,
 )
 from rmkit.data.records import MISSING_LABEL, Message, PreferencePair, RegressionExample
 
 __all__ = [
     "FORMATS", "MISSING_LABEL", "LoadResult", "Message", "PreferencePair", "RegressionExample",
-    "load_preference_data", "load_regression_data", "load_validation_sets", "write_rejects",
+    "load_preference_data", "load_regression_data", "load_validation_sets", "loaded_line", "write_rejects",
 ]

@@ -1,11 +1,14 @@
 """Demonstrations for supervised fine-tuning: what a policy should say, read from any layout rmkit knows.
 
-Three layouts (`format`), sniffed from the first readable record when `auto`:
+Four layouts (`format`), sniffed from the first readable record when `auto`:
 
 - `messages`: `{"messages": [{"role", "content"}, ...]}`, a whole conversation (multi-turn; the loss
   trains on every assistant turn);
 - `prompt_response`: `{"prompt": text or messages, "response": text or assistant messages}` (keys
   configurable: `response_key="completion"` reads TRL's prompt-completion layout);
+- `text`: `{"text": ...}`, TRL's plain-text (language-modeling) layout: every line a document, trained on
+  every token (a `{"text"}` file is NeMo Aligner's comparison format only for the preference recipes; name
+  `format: aligner` to fine-tune on its chosen lines);
 - any preference format (`rmkit.data.FORMATS`): the chosen side of each pair, read by
   `load_preference_data` with all its checks.
 
@@ -26,6 +29,7 @@ from rmkit.data.policy_tokenize import (
     TemplateMismatch,
     demonstration_ids,
     demonstration_messages,
+    document_ids,
     fit_demonstration,
 )
 from rmkit.data.readers import RawRecord, read_records
@@ -34,13 +38,15 @@ from rmkit.data.validate import get_field, text_or_messages
 from rmkit.data.validate import messages as read_messages
 from rmkit.errors import DataError
 
-DEMONSTRATION_FORMATS = ("auto", "messages", "prompt_response", *(f for f in FORMATS if f != "auto"))
+TEXT_KEY = "text"  # TRL's plain-text layout
+DEMONSTRATION_FORMATS = ("auto", "messages", "prompt_response", "text", *(f for f in FORMATS if f != "auto"))
 
 
 @dataclass(frozen=True)
 class Demonstration:
-    """A conversation to imitate: `prompt` is the whole conversation when `response` is None, else the
-    prompt (text, HH transcript or messages) that `response` answers."""
+    """A conversation to imitate: `prompt` is the whole conversation (messages) or the whole document (a
+    text, trained on every token) when `response` is None, else the prompt (text, HH transcript or
+    messages) that `response` answers."""
 
     prompt: str | list[Message]
     response: str | list[Message] | None = None
@@ -60,7 +66,7 @@ def load_demonstrations(path: str | Path, format: str = "auto", *, messages_key:
     first, items = _peek(items)
     if format == "auto":
         format = _sniff(first, messages_key, response_key)
-    if format not in ("messages", "prompt_response"):
+    if format not in ("messages", "prompt_response", "text"):
         loaded = load_preference_data(path, format, prompt_key=prompt_key, chosen_key=chosen_key,
                                       rejected_key=rejected_key, allow_empty_response=allow_empty_response,
                                       keep_ties=keep_ties, on_error=on_error, split=split)
@@ -75,6 +81,8 @@ def load_demonstrations(path: str | Path, format: str = "auto", *, messages_key:
         try:
             if format == "messages":
                 collector.result.records.append(_conversation(item, messages_key))
+            elif format == "text":
+                collector.result.records.append(Demonstration(_document(item), None, item.source, TEXT_KEY))
             else:
                 collector.result.records.append(_prompt_response(item, prompt_key, response_key, allow_empty_response))
         except DataError as err:
@@ -104,6 +112,8 @@ def _sniff(record: RawRecord | None, messages_key: str, response_key: str) -> st
         return "messages"
     if response_key in record.data:
         return "prompt_response"
+    if TEXT_KEY in record.data:
+        return "text"
     return "auto"  # a preference layout: load_preference_data sniffs which
 
 
@@ -115,6 +125,13 @@ def _conversation(record: RawRecord, key: str) -> Demonstration:
         raise record.error(f"{key}[0].role", "the conversation starts with an assistant message; a reply needs a "
                                              "prompt (a system or user message) before it")
     return Demonstration(value, None, record.source, key)
+
+
+def _document(record: RawRecord) -> str:
+    value = text_or_messages(record, TEXT_KEY)
+    if not isinstance(value, str):
+        raise record.error(TEXT_KEY, "a plain-text record holds a text (for a conversation, use a `messages` field)")
+    return value
 
 
 def _prompt_response(record: RawRecord, prompt_key: str, response_key: str, allow_empty: bool) -> Demonstration:
@@ -161,6 +178,8 @@ def tokenize_demonstrations(demos: Sequence[Demonstration], tokenizer, max_lengt
 def _tokenized(demo: Demonstration, tokenizer, assistant_only: bool, only_final: bool) -> DemonstrationIds:
     path, _, line = demo.source.rpartition(":")
     where = (path, int(line)) if line.isdigit() else (demo.source, None)
+    if demo.response is None and isinstance(demo.prompt, str):
+        return document_ids(tokenizer, demo.prompt, demo.source)
     try:
         messages, first = demonstration_messages(tokenizer, demo.prompt, demo.response)
         ids = demonstration_ids(tokenizer, messages, assistant_only, only_final, demo.source, first)

@@ -8,6 +8,7 @@ consecutive lines, so that layout is handled on the record stream (`pair_aligner
 from __future__ import annotations
 
 from dataclasses import dataclass
+from os.path import commonprefix
 
 from rmkit.data.readers import RawRecord
 from rmkit.data.records import PreferencePair
@@ -23,6 +24,10 @@ from rmkit.data.validate import (
 
 FORMATS = ("auto", "binary", "ranked", "aligner", "helpsteer3", "tulu3", "hh_rlhf")
 HH_ASSISTANT = "\n\nAssistant:"
+# Where an assistant's turn starts in a rendered conversation: HH and rmkit's plain rendering, ChatML, Llama 3,
+# NeMo's templates, Llama 2 (the end of the user's turn), Gemma, Zephyr / Phi-3.
+ASSISTANT_MARKERS = ("Assistant:", "<|im_start|>assistant", "<|start_header_id|>assistant", "<extra_id_1>Assistant",
+                     "[/INST]", "<start_of_turn>model", "<|assistant|>")
 TIE_PREFIX = "tie: "  # how a tie skipped under keep_ties=True is reported
 
 
@@ -148,10 +153,42 @@ def parse_hh_rlhf(record: RawRecord, opts: FormatOptions) -> tuple[list[Preferen
 
 def pair_aligner_lines(first: RawRecord, second: RawRecord, opts: FormatOptions) -> PreferencePair:
     """NeMo Aligner comparison lines 2i (chosen) and 2i+1 (rejected), each `{"text"}` holding the
-    prompt and response already joined; the pair's prompt is empty."""
+    prompt and response already joined (`prompt || response`, the prompt in the model's template); the
+    pair's prompt is empty, its two texts whole. The format promises that the two lines share their prompt
+    (`check_shared_prompt`)."""
     chosen = text_or_messages(first, opts.text_key)
     rejected = text_or_messages(second, opts.text_key)
+    if isinstance(chosen, str) and isinstance(rejected, str):
+        check_shared_prompt(first, second, opts.text_key, chosen, rejected)
     return PreferencePair("", chosen, rejected, None, f"{first.source}+{second.line}")
+
+
+def check_shared_prompt(first: RawRecord, second: RawRecord, key: str, chosen: str, rejected: str) -> None:
+    """A DataError at `first` unless its text and `second`'s start with the same prompt.
+
+    The joined text does not say where its prompt ends, so the check is on the longest common prefix of the
+    two texts, which holds the whole prompt when the pair is sound. When both texts hold an assistant marker
+    (`ASSISTANT_MARKERS`: HH's "Assistant:", ChatML, Llama 3, NeMo, Llama 2, Gemma), the prompt runs up to the
+    last one, the turn being answered: the prefix must hold a marker and neither text one after it (two texts
+    that part in a user turn answer different prompts). Otherwise the prefix must hold a non-blank
+    character. Texts of unrelated prompts (a file of lines that are not pairs, or one line missing, which
+    shifts every later pair) fail at their first pair."""
+    shared = len(commonprefix([chosen, rejected]))
+    marked = any(m in chosen and m in rejected for m in ASSISTANT_MARKERS)
+    if marked:
+        answers = (chosen[shared:], rejected[shared:])
+        if any(m in chosen[:shared] for m in ASSISTANT_MARKERS) and not any(
+                m in answer for answer in answers for m in ASSISTANT_MARKERS):
+            return
+    elif chosen[:shared].strip():
+        return
+    lines = f"lines {first.line} and {second.line}" if first.line_oriented else f"records {first.line} and {second.line}"
+    where = (f"they part before their last assistant turn (shared start: {chosen[:shared][-60:]!r})" if marked
+             else f"they start differently ({chosen[:30]!r} vs {rejected[:30]!r})")
+    raise first.error(key, f"{lines} are not one prompt's two answers: {where}. An aligner comparison file holds "
+                           "each prompt twice, `prompt + chosen` then `prompt + rejected` on the next line, so the "
+                           "two texts of a pair start alike up to the answer: keep each pair's lines together, "
+                           "chosen first, or write {\"prompt\", \"chosen\", \"rejected\"} records")
 
 
 PARSERS = {

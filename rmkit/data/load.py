@@ -35,6 +35,12 @@ class LoadResult:
         return [entry for entry in self.skipped if not entry[1].startswith(TIE_PREFIX)]
 
 
+def loaded_line(path: str | Path, count: int, noun: str, format: str) -> str:
+    """What a data file gave, in the words `rmkit data check` and every training recipe print:
+    `FILE: 12 pairs (binary format)`."""
+    return f"{path}: {count} {noun}{'' if count == 1 else 's'} ({format} format)"
+
+
 def _where(err: DataError) -> str:
     return err.path if err.line is None else f"{err.path}:{err.line}"
 

@@ -4,7 +4,8 @@ A policy answers a prompt rendered as it is at generation (`rmkit.data.tokenize.
 template with its generation prompt, or rmkit's plain "User: ...\\nAssistant:"); the response's tokens follow
 it, ending with the turn's end (EOS). The prompt's ids are a prefix of every sequence built from it, so the
 two sides of a preference pair share exactly their prompt tokens. An HH-RLHF text transcript
-("\\n\\nHuman: ...\\n\\nAssistant:") is read as the chat it is when the policy has a chat template.
+("\\n\\nHuman: ...\\n\\nAssistant:") is read as the chat it is, its roles rendered once (by the chat template,
+or as rmkit's plain "User:" / "Assistant:").
 
 Overlong sequences (the `truncate` policy): a response keeps its beginning (it must follow the prompt) and
 is cut at its end only when it alone leaves the prompt less than half the budget; the prompt keeps its
@@ -12,40 +13,23 @@ leading special tokens and its newest tokens, the same ones for every response o
 
 Demonstrations (SFT) are whole conversations: `demonstration_ids` finds each assistant turn's tokens by
 rendering the conversation prefix by prefix, so a single-turn demonstration is exactly `render_prompt` +
-`response_ids`, and `fit_demonstration` cuts it by the same rule.
+`response_ids`, and `fit_demonstration` cuts it by the same rule; a plain-text document (`document_ids`) is
+trained on every token.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from rmkit.data.records import Message, PreferencePair
-from rmkit.data.tokenize import as_messages, encode_text, keep_end, render_plain, render_prompt
-
-HH_TURN = re.compile(r"\n\n(Human|Assistant):")
-HH_ROLES = {"Human": "user", "Assistant": "assistant"}
+from rmkit.data.tokenize import as_messages, encode_text, hh_messages, keep_end, render_plain, render_prompt
 
 
-def hh_messages(text: str) -> list[Message] | None:
-    """The chat messages of an HH-RLHF transcript ("\\n\\nHuman: a\\n\\nAssistant: b\\n\\nHuman: c\\n\\nAssistant:"),
-    without the final empty assistant turn; None when `text` is not one."""
-    if not text.startswith("\n\nHuman:"):
-        return None
-    parts = HH_TURN.split(text)[1:]  # [role, content, role, content, ...]
-    messages = [{"role": HH_ROLES[role], "content": content.strip()} for role, content in zip(parts[::2], parts[1::2])]
-    if messages and messages[-1]["role"] == "assistant" and not messages[-1]["content"]:
-        messages.pop()
-    return messages
-
-
-def prompt_messages(tokenizer, prompt: str | list[Message]) -> str | list[Message]:
-    """`prompt` as the policy reads it: an HH transcript becomes messages when the tokenizer has a chat
-    template; anything else is unchanged."""
-    if isinstance(prompt, str) and getattr(tokenizer, "chat_template", None):
-        return hh_messages(prompt) or prompt
-    return prompt
+def prompt_messages(prompt: str | list[Message]) -> str | list[Message]:
+    """`prompt` as the policy reads it: an HH transcript becomes its messages (`hh_messages`), so its roles are
+    rendered once (by the chat template, or rmkit's plain "User:" / "Assistant:"); anything else is unchanged."""
+    return (hh_messages(prompt) or prompt) if isinstance(prompt, str) else prompt
 
 
 def _response_text(response: str | list[Message]) -> str:
@@ -102,19 +86,22 @@ class PolicyPair:
 
 @dataclass
 class PolicyPairs:
-    """`.pairs`; `.dropped` `[(source, reason)]` under `overlong="drop"`; `.truncated` how many were cut."""
+    """`.pairs`; `.dropped` `[(source, reason)]` under `overlong="drop"`; `.truncated` how many were cut, and
+    `.emptied` how many of those kept nothing of their prompt (what is left of it is what is left of an empty
+    prompt: the chat template's or the plain rendering's own tokens)."""
 
     pairs: list[PolicyPair] = field(default_factory=list)
     dropped: list[tuple[str, str]] = field(default_factory=list)
     truncated: int = 0
+    emptied: int = 0
 
 
 def tokenize_policy_pairs(pairs: Sequence[PreferencePair], tokenizer, max_length: int,
                           overlong: str = "truncate") -> PolicyPairs:
     """Policy token sequences of preference `pairs` (`overlong`: `truncate` or `drop`)."""
-    out = PolicyPairs()
+    out, empty = PolicyPairs(), render_prompt(tokenizer, "")
     for pair in pairs:
-        prompt = prompt_messages(tokenizer, pair.prompt)
+        prompt = prompt_messages(pair.prompt)
         prompt_ids = render_prompt(tokenizer, prompt)
         sides = [response_ids(tokenizer, prompt, prompt_ids, r) for r in (pair.chosen, pair.rejected)]
         fitted_prompt, fitted, cut = fit_prompt_responses(tokenizer, prompt_ids, sides, max_length)
@@ -123,6 +110,7 @@ def tokenize_policy_pairs(pairs: Sequence[PreferencePair], tokenizer, max_length
                                              f"({len(prompt_ids) + max(map(len, sides))} tokens)"))
             continue
         out.truncated += cut
+        out.emptied += cut and prompt_ids != empty and fitted_prompt == keep_end(tokenizer, empty, len(fitted_prompt))
         out.pairs.append(PolicyPair(fitted_prompt, fitted[0], fitted[1], pair.source))
     return out
 
@@ -164,7 +152,7 @@ def demonstration_messages(tokenizer, prompt: str | list[Message],
     if isinstance(response, str):
         text = response.strip() if getattr(tokenizer, "chat_template", None) else response
         response = [{"role": "assistant", "content": text}]
-    context = as_messages(prompt_messages(tokenizer, prompt), "user")
+    context = as_messages(prompt_messages(prompt), "user")
     return context + list(response), len(context)
 
 
@@ -227,6 +215,16 @@ def demonstration_ids(tokenizer, messages: list[Message], assistant_only: bool =
         mask = [1] * len(ids)
     mask[0] = 0  # position 0 has no log-prob (docs/design.md)
     return DemonstrationIds(ids, mask, spans[-1][0], source)
+
+
+def document_ids(tokenizer, text: str, source: str = "") -> DemonstrationIds:
+    """A plain-text document as TRL's language-modeling datasets train on it: the text with the tokenizer's
+    special tokens and EOS (unless it already ends so), every token trained on. Its sample at validation
+    continues the first half (`prompt_length`)."""
+    ids = encode_text(tokenizer, text)
+    if tokenizer.eos_token_id is not None and ids[-1:] != [tokenizer.eos_token_id]:
+        ids.append(tokenizer.eos_token_id)
+    return DemonstrationIds(ids, [0] + [1] * (len(ids) - 1), len(ids) // 2, source)
 
 
 def fit_demonstration(tokenizer, demo: DemonstrationIds, max_length: int) -> tuple[DemonstrationIds, bool]:

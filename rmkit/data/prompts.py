@@ -2,7 +2,8 @@
 
 A prompt file holds one record per line (JSONL; JSON and Parquet too) with a `prompt` field (a text or a
 list of chat messages) or a `messages` field (chat messages ending with a user turn). Any file that
-`load_preference_data` reads gives its prompts instead (`format: auto` tells them apart by the fields).
+`load_preference_data` reads gives its prompts instead (`format: auto` tells them apart by the fields), except
+an aligner comparison file, whose prompts are joined to their answers.
 The same prompt appearing twice is kept once. Bad records follow the data contract: a `DataError` naming
 file:line:field, or with `on_error="skip"` they are listed in `.skipped` for a rejects file.
 
@@ -97,6 +98,10 @@ def load_prompts(path: str | Path, format: str = "auto", *, prompt_key: str = "p
     else:
         pairs = load_preference_data(path, format, prompt_key=prompt_key, chosen_key=chosen_key,
                                      rejected_key=rejected_key, on_error=on_error, split=split)
+        if pairs.format == "aligner":
+            raise DataError(str(path), None, None, "an aligner comparison file joins each prompt to its answer in "
+                                                   "`text`, so it holds no prompt to sample from: give a prompt file "
+                                                   '({"prompt": ...} lines) or a preference file with a prompt field')
         collector.result.skipped, collector.result.format = list(pairs.skipped), pairs.format
         prompts = [Prompt(p.source, p.prompt) for p in pairs.records]
     collector.result.records = _dedupe(prompts)

@@ -154,6 +154,11 @@ def read_records(path: str | Path, split: str = "train") -> Iterator[RawRecord |
     return read_hf_dataset(text, split)
 
 
+def first_record(path: str | Path, split: str = "train") -> RawRecord | None:
+    """The first readable record of `path` (`read_records`), None when no record is readable."""
+    return next((item for item in read_records(path, split) if isinstance(item, RawRecord)), None)
+
+
 def check_data_path(path: str | Path, key: str) -> None:
     """A ConfigError naming `key` when `path` cannot hold data, before anything loads: a file name (`.jsonl`,
     `.json`, `.parquet`) that is not a file, or a path that does not exist and is no Hub dataset name

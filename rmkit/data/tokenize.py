@@ -22,6 +22,7 @@ Over-long inputs (`max_length`) follow a policy, never silently:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +31,8 @@ from rmkit.data.records import Message, PreferencePair, RegressionExample
 OVERLONG = ("truncate", "drop")
 PAIR_TRUNCATION = ("shared_prompt", "per_text")
 PLAIN_ROLES = {"system": "System", "user": "User", "assistant": "Assistant"}
+HH_TURN = re.compile(r"\n\n(Human|Assistant):")
+HH_ROLES = {"Human": "user", "Assistant": "assistant"}
 
 
 def _strip_double_bos(tokenizer, ids: list[int]) -> list[int]:
@@ -85,13 +88,26 @@ def as_messages(value: str | list[Message], role: str) -> list[Message]:
     return [{"role": role, "content": value}] if isinstance(value, str) else list(value)
 
 
+def hh_messages(text: str) -> list[Message] | None:
+    """The chat messages of an HH-RLHF transcript ("\\n\\nHuman: a\\n\\nAssistant: b\\n\\nHuman: c\\n\\nAssistant:"),
+    without the final empty assistant turn; None when `text` is not one."""
+    if not text.startswith("\n\nHuman:"):
+        return None
+    parts = HH_TURN.split(text)[1:]  # [role, content, role, content, ...]
+    messages = [{"role": HH_ROLES[role], "content": content.strip()} for role, content in zip(parts[::2], parts[1::2])]
+    if messages and messages[-1]["role"] == "assistant" and not messages[-1]["content"]:
+        messages.pop()
+    return messages
+
+
 def render_prompt(tokenizer, prompt: str | list[Message]) -> list[int]:
     """Token ids of a prompt ready for the policy to answer: the chat template with its generation prompt
-    (a text is one user message), or rmkit's plain "User: ...\\nAssistant:" without a template."""
-    messages = as_messages(prompt, "user")
+    (a text is one user message), or rmkit's plain "User: ...\\nAssistant:" without a template (a text that
+    carries its roles, an HH transcript, in those roles, not inside a second "User:")."""
     if getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
-                                                  return_dict=True)["input_ids"])
+        return list(tokenizer.apply_chat_template(as_messages(prompt, "user"), add_generation_prompt=True,
+                                                  tokenize=True, return_dict=True)["input_ids"])
+    messages = (isinstance(prompt, str) and hh_messages(prompt)) or as_messages(prompt, "user")
     return encode_text(tokenizer, render_plain(messages) + "\nAssistant:")
 
 

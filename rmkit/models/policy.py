@@ -7,11 +7,14 @@ say which tokens are real, so pad may equal eos); generation pads prompts on the
 
 from __future__ import annotations
 
+import functools
+import sys
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
+from rmkit import distributed as dist
 from rmkit.models.reward import (
     find_gguf_file,
     forget_dequantized_gguf,
@@ -43,6 +46,15 @@ def load_policy_model(name_or_path: str | Path, dtype: torch.dtype = torch.float
     return model, tokenizer
 
 
+@functools.cache  # once per tokenizer and process (a sharded run loads the policy again to export it)
+def warn_plain_prompts(name: str) -> None:
+    """Rank 0 says that `name`'s tokenizer has no chat template, and how the policy's prompts are rendered instead."""
+    if dist.is_main():
+        print(f"rmkit: warning: {name} has no chat template: prompts are rendered as \"User: ...\\nAssistant:\" "
+              "(an HH transcript's turns in those roles) and responses follow with EOS; to prompt the policy in its "
+              "own format, give a template with policy.tokenizer.chat_template", file=sys.stderr)
+
+
 def load_training_policy(policy, device: torch.device):
     """`(model, tokenizer)` for a recipe that trains a policy: `policy.model_name` (a `PolicyConfig`) with its
     tokenizer options, then `prepare_model` (dropout off, freezing, LoRA adapters), on `device`, in train mode."""
@@ -52,6 +64,8 @@ def load_training_policy(policy, device: torch.device):
     if policy.tokenizer.name is not None:
         tokenizer = load_tokenizer(resolve_model_name(policy.tokenizer.name), policy.tokenizer.chat_template)
         ensure_policy_pad_token(model, tokenizer)
+    if not getattr(tokenizer, "chat_template", None):
+        warn_plain_prompts(policy.tokenizer.name or policy.model_name)
     model = prepare_model(model, policy).to(device)
     model.train()
     return model, tokenizer

@@ -69,8 +69,8 @@ class SFTConfig(LoopConfig):
 @dataclass
 class SFTDataConfig(DataConfig):
     """`data.*`: the shared data options, plus the demonstration layouts' keys. `format`: auto (sniffed),
-    `messages`, `prompt_response`, or a preference format (its chosen side); `default` is the chosen side of
-    the preference set that ships with rmkit."""
+    `messages`, `prompt_response`, `text` (TRL's plain text, every token trained on), or a preference format
+    (its chosen side); `default` is the chosen side of the preference set that ships with rmkit."""
 
     messages_key: str = "messages"
     """Field holding a whole conversation (`messages` layout)."""

@@ -21,7 +21,7 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.config import SamplingParams
-from rmkit.data import load_preference_data, write_rejects
+from rmkit.data import load_preference_data
 from rmkit.data.policy_tokenize import PolicyPair, tokenize_policy_pairs
 from rmkit.errors import DataError
 from rmkit.generation import generate_completions
@@ -37,7 +37,7 @@ from rmkit.trainer.progress import ProgressBar, StepWindow
 from rmkit.trainer.reference_logprobs import reference_logprobs, weights_digest
 from rmkit.trainer.resume import restore_rng, save_training_checkpoint
 from rmkit.trainer.run import Cadence, RunResult, apply_update, finish_run, resume, run_batches, start_run
-from rmkit.trainer.run_data import make_sampler, resolve_data_path
+from rmkit.trainer.run_data import DataSet, make_sampler, report_data, resolve_data_path
 from rmkit.trainer.run_log import RunLogger, announce, append_samples, report_validation, summary
 from rmkit.trainer.sharding import shard_policy
 from rmkit.trainer.state import TrainState, total_steps
@@ -45,21 +45,21 @@ from rmkit.trainer.state import TrainState, total_steps
 SHOWN = ("/loss", "/accuracy", "/rewards_margin_mean")  # the headline validation metrics printed during a run
 
 
-def load_pairs(cfg: DPOTree, path: str, tokenizer, rejects_path: Path, label: str) -> list[PolicyPair]:
+def load_pairs(cfg: DPOTree, ds: DataSet, tokenizer) -> list[PolicyPair]:
     """A preference file through rmkit's data layer (formats, validation, `on_error`), as policy pairs."""
-    data, max_length = cfg.data, cfg.policy.max_total_sequence_length
+    data, max_length = ds.data, cfg.policy.max_total_sequence_length
     loaded = load_preference_data(
-        resolve_data_path(path), format=data.format, prompt_key=data.prompt_key, chosen_key=data.chosen_key,
+        resolve_data_path(ds.path), format=data.format, prompt_key=data.prompt_key, chosen_key=data.chosen_key,
         rejected_key=data.rejected_key, on_error=data.on_error, keep_ties=data.keep_ties,
         allow_empty_response=data.allow_empty_response, split=data.split)
     tokenized = tokenize_policy_pairs(loaded.records, tokenizer, max_length, overlong=data.overlong)
-    skipped = list(loaded.skipped) + list(tokenized.dropped)
-    if dist.is_main():
-        if skipped:
-            write_rejects(rejects_path, skipped)
-        print(f"rmkit: {label}: {len(tokenized.pairs)} pairs from {path} ({tokenized.truncated} truncated to "
-              f"{max_length} tokens" + (f", {len(skipped)} skipped -> {rejects_path}" if skipped else "") + ")",
-              file=sys.stderr)
+    report_data(ds, loaded, len(tokenized.pairs), "pair", tokenized.dropped,
+                [f"{tokenized.truncated} truncated to {max_length} tokens"])
+    if tokenized.emptied and dist.is_main():
+        print(f"rmkit: warning: {ds.label}: {tokenized.emptied} of {len(tokenized.pairs)} prompts were cut to nothing "
+              f"(what is left is what every prompt is rendered with: policy.max_total_sequence_length={max_length} "
+              "leaves the responses all the room); raise policy.max_total_sequence_length, or set data.overlong=drop to "
+              "leave out every pair that does not fit", file=sys.stderr)
     return tokenized.pairs
 
 
@@ -151,11 +151,11 @@ def train(cfg: DPOTree) -> RunResult:
         forward = pair_logits
     else:  # DDP under torchrun: one forward per backward, gradients summed over ranks
         forward = dist.wrap_data_parallel(pair_logits, run.info)
-    train_pairs = load_pairs(cfg, cfg.data.train_data_path, tokenizer, run.out_dir / "rejects-train.jsonl", "train")
+    train_pairs = load_pairs(cfg, DataSet.of(cfg.data, None, run.out_dir), tokenizer)
     if not train_pairs:
         raise DataError(cfg.data.train_data_path, None, None, "no usable training records")
-    val_pairs = {name: load_pairs(cfg, path, tokenizer, run.out_dir / f"rejects-{name}.jsonl", f"validation-{name}")
-                 for name, path in cfg.data.val_data_paths.items()}
+    val_pairs = {name: load_pairs(cfg, DataSet.of(cfg.data, name, run.out_dir), tokenizer)
+                 for name in cfg.data.val_data_paths}
 
     # --- reference log-probs: one pass before training (the initial weights), or the cached one
     settings = {"precision": cfg.policy.precision, "max_total_sequence_length": cfg.policy.max_total_sequence_length,

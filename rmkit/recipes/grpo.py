@@ -62,6 +62,7 @@ from rmkit.trainer.rollout import (
     training_batch,
 )
 from rmkit.trainer.run import Cadence, RunResult, apply_update, finish_run, resume, run_batches, start_run
+from rmkit.trainer.run_data import DataSet
 from rmkit.trainer.run_log import announce
 from rmkit.trainer.sharding import shard_policy
 from rmkit.trainer.state import TrainState, total_steps
@@ -86,9 +87,9 @@ def train(cfg: GRPOConfig) -> RunResult:
     else:  # DDP sums gradients over ranks (rmkit.distributed)
         trained = dist.wrap_data_parallel(model, run.info)
     env = environment_for(cfg.env.reward_model)
-    train_prompts = load_prompt_set(cfg.data.train_data_path, cfg, tokenizer, run.out_dir / "rejects-train.jsonl", "train")
-    val_prompts = {name: load_prompt_set(path, cfg, tokenizer, run.out_dir / f"rejects-{name}.jsonl", f"validation-{name}")
-                   for name, path in cfg.data.val_data_paths.items()}
+    train_prompts = load_prompt_set(cfg, DataSet.of(cfg.data, None, run.out_dir), tokenizer)
+    val_prompts = {name: load_prompt_set(cfg, DataSet.of(cfg.data, name, run.out_dir), tokenizer)
+                   for name in cfg.data.val_data_paths}
     if len(train_prompts) < cfg.grpo.num_prompts_per_step:
         raise ConfigError("grpo.num_prompts_per_step", f"{cfg.grpo.num_prompts_per_step} is more than the "
                           f"{len(train_prompts)} training prompts")

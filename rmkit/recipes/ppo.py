@@ -78,6 +78,7 @@ from rmkit.trainer.rollout import (
     training_batch,
 )
 from rmkit.trainer.run import Cadence, RunResult, check_finite, finish_run, resume, run_batches, start_run
+from rmkit.trainer.run_data import DataSet
 from rmkit.trainer.run_log import announce
 from rmkit.trainer.sharding import shard_policy, shard_reward_model
 from rmkit.trainer.state import TrainState, total_steps
@@ -109,9 +110,9 @@ def train(cfg: PPOConfig) -> RunResult:
     trained_values = values_forward if cfg.policy.dtensor_cfg.enabled else dist.wrap_data_parallel(values_forward,
                                                                                                   run.info)
     env = environment_for(cfg.env.reward_model)
-    train_prompts = load_prompt_set(cfg.data.train_data_path, cfg, tokenizer, run.out_dir / "rejects-train.jsonl", "train")
-    val_prompts = {name: load_prompt_set(path, cfg, tokenizer, run.out_dir / f"rejects-{name}.jsonl", f"validation-{name}")
-                   for name, path in cfg.data.val_data_paths.items()}
+    train_prompts = load_prompt_set(cfg, DataSet.of(cfg.data, None, run.out_dir), tokenizer)
+    val_prompts = {name: load_prompt_set(cfg, DataSet.of(cfg.data, name, run.out_dir), tokenizer)
+                   for name in cfg.data.val_data_paths}
     if len(train_prompts) < cfg.ppo.num_prompts_per_step:
         raise ConfigError("ppo.num_prompts_per_step", f"{cfg.ppo.num_prompts_per_step} is more than the "
                           f"{len(train_prompts)} training prompts")

@@ -13,7 +13,6 @@ greedy answers to held-out prompts to `<log_dir>/samples.jsonl`.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,7 +21,6 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.config import SamplingParams
-from rmkit.data import write_rejects
 from rmkit.data.demonstrations import load_demonstrations, tokenize_demonstrations
 from rmkit.data.policy_tokenize import DemonstrationIds
 from rmkit.errors import DataError
@@ -38,7 +36,7 @@ from rmkit.trainer.plots import plot_training_curves
 from rmkit.trainer.progress import ProgressBar, StepWindow
 from rmkit.trainer.resume import restore_rng, save_training_checkpoint
 from rmkit.trainer.run import Cadence, RunResult, apply_update, finish_run, resume, run_batches, start_run
-from rmkit.trainer.run_data import make_sampler, resolve_data_path
+from rmkit.trainer.run_data import DataSet, make_sampler, report_data, resolve_data_path
 from rmkit.trainer.run_log import announce, append_samples, report_validation, summary
 from rmkit.trainer.sharding import shard_policy
 from rmkit.trainer.state import TrainState, total_steps
@@ -46,22 +44,19 @@ from rmkit.trainer.state import TrainState, total_steps
 SHOWN = ("/loss", "/token_acc")  # the headline validation metrics printed during a run
 
 
-def load_demonstration_set(cfg: SFTTree, path: str, tokenizer, rejects: Path, label: str) -> list:
-    """Demonstrations of `path`, validated and tokenized; skipped records go to `rejects` (rank 0 reports)."""
-    data, sft = cfg.data, cfg.sft
+def load_demonstration_set(cfg: SFTTree, ds: DataSet, tokenizer) -> list:
+    """Demonstrations of a data set, validated and tokenized; skipped records go to its rejects file (rank 0
+    reports)."""
+    data, sft = ds.data, cfg.sft
     max_length = cfg.policy.max_total_sequence_length
-    loaded = load_demonstrations(resolve_data_path(path), data.format, messages_key=data.messages_key,
+    loaded = load_demonstrations(resolve_data_path(ds.path), data.format, messages_key=data.messages_key,
                                  prompt_key=data.prompt_key, response_key=data.response_key, chosen_key=data.chosen_key,
                                  rejected_key=data.rejected_key, allow_empty_response=data.allow_empty_response,
                                  keep_ties=data.keep_ties, on_error=data.on_error, split=data.split)
     tokenized = tokenize_demonstrations(loaded.records, tokenizer, max_length, data.overlong, sft.assistant_only_loss,
                                         sft.only_unmask_final, data.on_error)
-    skipped = list(loaded.skipped) + tokenized.dropped
-    if dist.is_main():
-        if skipped:
-            write_rejects(rejects, skipped)
-        print(f"rmkit: {label}: {len(tokenized.items)} demonstrations from {path} ({tokenized.truncated} truncated to "
-              f"{max_length} tokens" + (f", {len(skipped)} skipped -> {rejects}" if skipped else "") + ")", file=sys.stderr)
+    report_data(ds, loaded, len(tokenized.items), "demonstration", tokenized.dropped,
+                [f"{tokenized.truncated} truncated to {max_length} tokens"])
     return tokenized.items
 
 
@@ -194,12 +189,11 @@ def train(cfg: SFTTree) -> RunResult:
         forward = model
     else:  # DDP under torchrun: gradients summed over ranks
         forward = dist.wrap_data_parallel(model, run.info)
-    train_items = load_demonstration_set(cfg, cfg.data.train_data_path, tokenizer, run.out_dir / "rejects-train.jsonl",
-                                         "train")
+    train_items = load_demonstration_set(cfg, DataSet.of(cfg.data, None, run.out_dir), tokenizer)
     if not train_items:
         raise DataError(cfg.data.train_data_path, None, None, "no usable training demonstrations")
-    val = {name: load_demonstration_set(cfg, path, tokenizer, run.out_dir / f"rejects-{name}.jsonl", f"validation-{name}")
-           for name, path in cfg.data.val_data_paths.items()}
+    val = {name: load_demonstration_set(cfg, DataSet.of(cfg.data, name, run.out_dir), tokenizer)
+           for name in cfg.data.val_data_paths}
     sampler = make_sampler(cfg, [d.length for d in train_items], cfg.sft.seed)
 
     # --- optimizer, schedule, state; resume (the logs rewound to match)

@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from rmkit import distributed as dist
 from rmkit.config import SamplingParams
-from rmkit.data import write_rejects
 from rmkit.data.prompts import load_prompts
 from rmkit.data.tokenize import as_messages, render_prompt
 from rmkit.errors import ConfigError, DataError, RolloutFailed
@@ -31,7 +28,7 @@ from rmkit.losses.logprobs import next_token_logprobs
 from rmkit.losses.rewards import overlong_penalty, scale_rewards, stop_properly_penalty
 from rmkit.models.setup import autocast
 from rmkit.models.shared_prefix import Group, shared_prefix_logits
-from rmkit.trainer.run_data import resolve_data_path
+from rmkit.trainer.run_data import DataSet, report_data, resolve_data_path
 from rmkit.trainer.sharding import shard_policy
 
 
@@ -44,29 +41,26 @@ class PromptItem:
     ids: list[int]
 
 
-def load_prompt_set(path: str, cfg, tokenizer, rejects: Path, label: str) -> list[PromptItem]:
-    """The prompts of `path` rendered for the policy; prompts that leave no room for `max_new_tokens` within
-    `policy.max_total_sequence_length` are skipped (listed in `rejects`), as are bad records under
+def load_prompt_set(cfg, ds: DataSet, tokenizer) -> list[PromptItem]:
+    """The prompts of a data set rendered for the policy; prompts that leave no room for `max_new_tokens` within
+    `policy.max_total_sequence_length` are skipped (listed in its rejects file), as are bad records under
     `data.on_error: skip`."""
-    data, budget = cfg.data, cfg.policy.max_total_sequence_length - cfg.policy.generation.max_new_tokens
-    loaded = load_prompts(resolve_data_path(path), data.format if data.format != "regression" else "prompts",
+    data, budget = ds.data, cfg.policy.max_total_sequence_length - cfg.policy.generation.max_new_tokens
+    loaded = load_prompts(resolve_data_path(ds.path), data.format if data.format != "regression" else "prompts",
                           prompt_key=data.prompt_key, chosen_key=data.chosen_key, rejected_key=data.rejected_key,
                           on_error=data.on_error, split=data.split)
-    items, skipped = [], list(loaded.skipped)
+    items, too_long = [], []
     for prompt in loaded.records:
         ids = render_prompt(tokenizer, prompt.prompt)
         if len(ids) > budget:
-            skipped.append((prompt.source, f"the prompt has {len(ids)} tokens; with policy.generation.max_new_tokens "
-                                           f"it exceeds policy.max_total_sequence_length"))
+            too_long.append((prompt.source, f"the prompt has {len(ids)} tokens; with policy.generation.max_new_tokens "
+                                            f"it exceeds policy.max_total_sequence_length"))
         else:
             items.append(PromptItem(prompt.source, prompt.prompt, ids))
-    if dist.is_main():
-        if skipped:
-            write_rejects(rejects, skipped)
-        print(f"rmkit: {label}: {len(items)} prompts from {path}"
-              + (f" ({len(skipped)} skipped -> {rejects})" if skipped else ""), file=sys.stderr)
+    report_data(ds, loaded, len(items), "prompt", too_long)
+    skipped = loaded.skipped + too_long
     if not items:
-        raise DataError(path, None, None, f"no usable prompts ({len(skipped)} skipped, see {rejects})"
+        raise DataError(ds.path, None, None, f"no usable prompts ({len(skipped)} skipped, see {ds.rejects})"
                         if skipped else "no prompts")
     return items
 

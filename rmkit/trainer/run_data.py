@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from rmkit import distributed as dist
-from rmkit.config import Config
-from rmkit.data import load_preference_data, load_regression_data, write_rejects
-from rmkit.data.readers import check_data_path
+from rmkit.config import Config, DataConfig
+from rmkit.data import LoadResult, load_preference_data, load_regression_data, loaded_line, write_rejects
+from rmkit.data.readers import check_data_path, first_record
 from rmkit.data.sampler import LengthGroupedBatchSampler
 from rmkit.data.tokenize import tokenize_pairs, tokenize_regression
+from rmkit.errors import ConfigError, DataError
 
 RESOURCES = Path(__file__).resolve().parents[1] / "resources"
 EMBEDDED = {"default": RESOURCES / "default_train.jsonl", "default-val": RESOURCES / "default_val.jsonl"}
@@ -24,10 +26,32 @@ def resolve_data_path(path: str) -> str:
 
 def check_data_paths(data) -> None:
     """`data.train_data_path` and every `data.val_data_paths` entry exist (or name a Hub dataset): a ConfigError
-    naming the key otherwise, before any model loads."""
+    naming the key otherwise, before any model loads. Then `check_val_keys`."""
     check_data_path(resolve_data_path(data.train_data_path), "data.train_data_path")
     for name, path in (data.val_data_paths or {}).items():
         check_data_path(resolve_data_path(path), f"data.val_data_paths.{name}")
+    check_val_keys(data)
+
+
+def check_val_keys(data) -> None:
+    """With keys remapped for the training file (`data.prompt_key: question`, ...), a validation set read with
+    them (no `data.val_keys` entry) whose first record has the standard field (`prompt`) in place of a
+    remapped one: a DataError naming the file, the field and how to give the file its own keys."""
+    standard = type(data)()
+    remapped = {k: getattr(data, k) for k in data.key_names() if getattr(data, k) != getattr(standard, k)}
+    for name, path in data.val_data_paths.items() if remapped else ():
+        record = None if name in data.val_keys else first_record(resolve_data_path(path), data.split)
+        if record is None:
+            continue
+        missing = [k for k, field in remapped.items() if field not in record.data and getattr(standard, k) in record.data]
+        if missing:
+            key = missing[0]
+            given = ", ".join(f"data.{k}={remapped[k]}" for k in missing)
+            raise DataError(record.path, record.line, remapped[key],
+                            f"missing in validation set '{name}', which has the standard '{getattr(standard, key)}' "
+                            f"instead ({given}: remapped for the training file); give this file its own keys: "
+                            f"data.val_keys.{name}={{}} for the standard ones, or "
+                            f"data.val_keys.{name}={{{key}: FIELD}}")
 
 
 @dataclass
@@ -39,8 +63,41 @@ class RunData:
     lengths: list[int]
 
 
-def _load_and_tokenize(path: str, cfg: Config, tokenizer, rejects_path: Path, label: str, truncation: str) -> list:
-    data = cfg.data
+@dataclass(frozen=True)
+class DataSet:
+    """One data file of a run as a recipe reads it: the options that read it (`data.for_set`: its own keys), its
+    path, where its skipped records go and the label its report line and metrics carry."""
+
+    data: DataConfig
+    path: str
+    rejects: Path
+    label: str
+
+    @classmethod
+    def of(cls, data: DataConfig, name: str | None, out_dir: Path) -> DataSet:
+        """Validation set `name` of `data`, or the training file (None); rejects go to `out_dir`."""
+        if name is None:
+            return cls(data, data.train_data_path, out_dir / "rejects-train.jsonl", "train")
+        return cls(data.for_set(name), data.val_data_paths[name], out_dir / f"rejects-{name}.jsonl", f"validation-{name}")
+
+
+def report_data(ds: DataSet, loaded: LoadResult, count: int, noun: str, dropped: Sequence[tuple[str, str]] = (),
+                notes: Sequence[str] = ()) -> None:
+    """Rank 0 (every rank loads the same data) writes a set's skipped records (`loaded.skipped`, then `dropped`)
+    to its rejects file and prints what the set gave in `rmkit data check`'s words (`loaded_line`), then `notes`
+    and the skipped count: `rmkit: train: data.jsonl: 360 pairs (binary format); 2 truncated to 512 tokens`."""
+    skipped = list(loaded.skipped) + list(dropped)
+    if not dist.is_main():
+        return
+    if skipped:
+        write_rejects(ds.rejects, skipped)
+    notes = [*notes, *([f"{len(skipped)} skipped -> {ds.rejects}"] if skipped else [])]
+    print(f"rmkit: {ds.label}: {loaded_line(ds.path, count, noun, loaded.format)}"
+          + (f"; {', '.join(notes)}" if notes else ""), file=sys.stderr)
+
+
+def _load_and_tokenize(cfg: Config, ds: DataSet, tokenizer, truncation: str) -> list:
+    data, path = ds.data, ds.path
     max_length = cfg.policy.max_total_sequence_length
     if cfg.policy.reward_model_cfg.reward_model_type == "regression":
         loaded = load_regression_data(
@@ -57,13 +114,8 @@ def _load_and_tokenize(path: str, cfg: Config, tokenizer, rejects_path: Path, la
         )
         tokenized = tokenize_pairs(loaded.records, tokenizer, max_length, overlong=data.overlong, truncation=truncation)
         items = tokenized.pairs
-    skipped = list(loaded.skipped) + list(tokenized.dropped)
-    if dist.is_main():  # every rank loads the same data; one of them reports it
-        if skipped:
-            write_rejects(rejects_path, skipped)
-        print(f"rmkit: {label}: {len(items)} {'examples' if cfg.policy.reward_model_cfg.reward_model_type == 'regression' else 'pairs'}"
-              f" from {path} ({tokenized.truncated} truncated to {max_length} tokens"
-              + (f", {len(skipped)} skipped -> {rejects_path}" if skipped else "") + ")", file=sys.stderr)
+    noun = "example" if cfg.policy.reward_model_cfg.reward_model_type == "regression" else "pair"
+    report_data(ds, loaded, len(items), noun, tokenized.dropped, [f"{tokenized.truncated} truncated to {max_length} tokens"])
     return items
 
 
@@ -83,16 +135,13 @@ def item_tokens(item) -> int:
 
 def load_run_data(cfg: Config, tokenizer, out_dir: Path) -> RunData:
     """Load and tokenize `data.train_data_path` and every `data.val_data_paths` entry."""
-    train = _load_and_tokenize(cfg.data.train_data_path, cfg, tokenizer, out_dir / "rejects-train.jsonl", "train",
-                               cfg.data.pair_truncation)
+    train = _load_and_tokenize(cfg, DataSet.of(cfg.data, None, out_dir), tokenizer, cfg.data.pair_truncation)
     if not train:
-        from rmkit.errors import DataError
-
         raise DataError(cfg.data.train_data_path, None, None, "no usable training records")
     val = {
         # Validation is a scoring path: each side is cut on its own, as eval, score and serve cut it.
-        name: _load_and_tokenize(path, cfg, tokenizer, out_dir / f"rejects-{name}.jsonl", f"validation-{name}", "per_text")
-        for name, path in cfg.data.val_data_paths.items()
+        name: _load_and_tokenize(cfg, DataSet.of(cfg.data, name, out_dir), tokenizer, "per_text")
+        for name in cfg.data.val_data_paths
     }
     return RunData(train=train, val=val, lengths=[item_length(i) for i in train])
 
@@ -105,8 +154,6 @@ def make_sampler(cfg, lengths: list[int], seed: int):
     # Every data-parallel rank builds the same global batches and takes its own slice of each.
     world = dist.world_size()
     if cfg.policy.train_global_batch_size % world:
-        from rmkit.errors import ConfigError
-
         raise ConfigError("policy.train_global_batch_size",
                           f"{cfg.policy.train_global_batch_size} does not divide among {world} processes")
     return LengthGroupedBatchSampler(lengths, batch_size=cfg.policy.train_global_batch_size // world,

@@ -1,4 +1,9 @@
-"""Small things a user reads: `rmkit --version`, and what a resumed run that had nothing left to do says."""
+"""Small things a user reads: `rmkit --version`, every subcommand's `--help` description, and what a resumed run
+that had nothing left to do says."""
+
+import importlib
+
+import pytest
 
 from rmkit import __version__, cli
 from tests.recipes.dpo_helpers import write_pairs
@@ -8,6 +13,16 @@ def test_version(capsys):
     assert cli.main(["--version"]) == 0
     assert capsys.readouterr().out == f"rmkit {__version__}\n"
     assert cli.main(["-V"]) == 0 and capsys.readouterr().out.strip() == f"rmkit {__version__}"
+
+
+@pytest.mark.parametrize("command", ["eval", "score", "parity"])
+def test_help_gives_the_whole_first_paragraph(command, capsys):
+    with pytest.raises(SystemExit) as stopped:
+        cli.main([command, "--help"])
+    assert stopped.value.code == 0
+    shown = "".join(capsys.readouterr().out.split())  # argparse rewraps the text (and breaks lines at hyphens)
+    first = importlib.import_module(cli.SUBCOMMANDS[command][0]).__doc__.split("\n\n")[0]
+    assert "".join(first.split()) in shown and first.rstrip().endswith(".")  # parity's stopped mid-sentence
 
 
 def test_a_resume_with_no_step_left_says_so_instead_of_a_zero_rate(tiny_policy, tmp_path, capsys):

@@ -30,10 +30,12 @@ def pairs(tmp_path):
     return write_dpo_pairs(tmp_path / "pairs.jsonl", 4)
 
 
-@pytest.mark.parametrize("command", ["score", "parity"])
-def test_score_and_parity_name_a_missing_or_non_model_path(command, tmp_path, not_a_model, pairs, tiny_policy,
-                                                           capsys):
-    data = ["--input", str(pairs), "--output", str(tmp_path / "o.jsonl")] if command == "score" else ["--data", str(pairs)]
+@pytest.mark.parametrize("command", ["score", "parity", "eval", "eval --report"])
+def test_score_parity_and_eval_name_a_missing_or_non_model_path(command, tmp_path, not_a_model, pairs, tiny_policy,
+                                                                capsys):
+    data = {"score": ["--input", str(pairs), "--output", str(tmp_path / "o.jsonl")],
+            "eval --report": ["--data", str(pairs), "--report", str(tmp_path / "report")]}.get(command, ["--data", str(pairs)])
+    command = command.split()[0]
     cases = {str(tmp_path / "missing"): "no such model directory",
              str(not_a_model): "is not a model directory: it has no config.json",
              str(pairs): "is a file, not a model directory",
@@ -42,6 +44,14 @@ def test_score_and_parity_name_a_missing_or_non_model_path(command, tmp_path, no
         assert cli.main([command, "--model", model, *data]) == 2
         err = _error(capsys)
         assert err.startswith(f"rmkit {command}: error: config key '--model': ") and model in err and message in err
+
+
+def test_eval_report_onto_a_file_names_it(tmp_path, tiny_decoder, pairs, capsys):
+    existing = tmp_path / "report.html"
+    existing.write_text("an earlier page")
+    assert cli.main(["eval", "--model", tiny_decoder, "--data", str(pairs), "--report", str(existing)]) == 2
+    err = _error(capsys)  # was a FileExistsError traceback
+    assert err.startswith(f"rmkit eval: error: config key '--report': {existing} is a file; --report names a folder")
 
 
 def test_score_names_a_missing_input_before_the_model_loads(tmp_path, capsys):

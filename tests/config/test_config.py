@@ -116,3 +116,23 @@ def test_length_group_window_reaches_the_sampler_and_must_be_positive():
     assert not all(consecutive(b) for b in batches(2))  # windows of 8 records mix lengths across windows
     with pytest.raises(ConfigError, match="data.length_group_window"):
         config_from_dict({"data": {"length_group_window": 0}})
+
+
+def test_val_keys_give_a_validation_set_its_own_field_names():
+    from rmkit.recipes.configs import SFTTree
+
+    cfg = config_from_dict({"data": {"prompt_key": "question", "chosen_key": "answer",
+                                     "val_data_paths": {"hh": "hh.jsonl", "mine": "mine.jsonl", "odd": "odd.jsonl"},
+                                     "val_keys": {"hh": {}, "odd": {"chosen_key": "best"}}}})
+    keys = ("prompt_key", "chosen_key", "rejected_key")
+    assert [getattr(cfg.data.for_set("hh"), k) for k in keys] == ["prompt", "chosen", "rejected"]  # the standard keys
+    assert [getattr(cfg.data.for_set("odd"), k) for k in keys] == ["prompt", "best", "rejected"]
+    assert cfg.data.for_set("mine") is cfg.data and cfg.data.for_set(None) is cfg.data  # the training file's keys
+    sft = config_from_dict({"data": {"response_key": "completion", "val_keys": {"default": {}}}}, tree_type=SFTTree)
+    assert sft.data.for_set("default").response_key == "response" and sft.data.response_key == "completion"
+    for override, key in [("data.val_keys={nope: {}}", "data.val_keys.nope"),
+                          ("data.val_keys={default: {prompt: q}}", "data.val_keys.default.prompt"),
+                          ("data.val_keys={default: {prompt_key: 3}}", "data.val_keys.default.prompt_key")]:
+        with pytest.raises(ConfigError) as err:
+            load_config(None, [override])
+        assert err.value.key == key, override

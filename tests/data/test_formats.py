@@ -59,16 +59,46 @@ def test_aligner_pairs_consecutive_lines(tmp_path):
 
 
 def test_aligner_odd_line_count(tmp_path):
-    path = write_jsonl(tmp_path / "a.jsonl", [{"text": "a"}, {"text": "b"}, {"text": "c"}])
+    path = write_jsonl(tmp_path / "a.jsonl", [{"text": "Q a"}, {"text": "Q b"}, {"text": "Q c"}])
     with pytest.raises(DataError, match=rf"{path}:3: aligner comparison files need an even number of lines"):
         load_preference_data(path, "aligner")
     assert len(load_preference_data(path, "aligner", on_error="skip").records) == 1
 
 
 def test_aligner_bad_line_skips_its_pair(tmp_path):
-    path = write_jsonl(tmp_path / "a.jsonl", [{"text": "a"}, "{oops", {"text": "c"}, {"text": "d"}])
+    path = write_jsonl(tmp_path / "a.jsonl", [{"text": "Q a"}, "{oops", {"text": "Q c"}, {"text": "Q d"}])
     result = load_preference_data(path, "aligner", on_error="skip")
-    assert [p.chosen for p in result.records] == ["c"] and result.skipped[0][0] == f"{path}:2"
+    assert [p.chosen for p in result.records] == ["Q c"] and result.skipped[0][0] == f"{path}:2"
+
+
+CHATML = "<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n{}<|im_end|>"
+
+
+def test_aligner_pairs_must_share_their_prompt(tmp_path):
+    """Unrelated texts, or a file one line short (every later pair shifted), are refused at the first bad pair."""
+    unrelated = write_jsonl(tmp_path / "u.jsonl", [{"text": "The sky is blue."}, {"text": "Cats purr."}])
+    with pytest.raises(DataError, match=rf"^{unrelated}:1: field 'text': lines 1 and 2 are not one prompt's two answers: "
+                                        r"they start differently \('The sky is blue.' vs 'Cats purr.'\)\. .*keep each "
+                                        r"pair's lines together, chosen first"):
+        load_preference_data(unrelated)
+    rows = [CHATML.format(q, a) for q in ("hi", "why?", "how?") for a in ("good", "bad")]
+    assert len(load_preference_data(write_jsonl(tmp_path / "ok.jsonl", [{"text": t} for t in rows])).records) == 3
+    shifted = write_jsonl(tmp_path / "s.jsonl", [{"text": t} for t in rows[1:] + ["x"]])  # the first line missing
+    with pytest.raises(DataError, match=rf"^{shifted}:1: field 'text': lines 1 and 2 .* part before their last "
+                                        r"assistant turn \(shared start: '<\|im_start\|>user\\n'\)"):
+        load_preference_data(shifted)
+    skipped = load_preference_data(shifted, on_error="skip")
+    assert not skipped.records and [s[0] for s in skipped.skipped] == [f"{shifted}:1", f"{shifted}:3", f"{shifted}:5"]
+
+
+def test_aligner_hh_transcripts_share_up_to_the_last_assistant_turn(tmp_path):
+    hh = "\n\nHuman: hi\n\nAssistant: hello\n\nHuman: {}\n\nAssistant: {}"
+    ok = write_jsonl(tmp_path / "hh.jsonl", [{"text": hh.format("why?", "because")}, {"text": hh.format("why?", "no")}])
+    assert load_preference_data(ok).records[0].rejected.endswith("Assistant: no")
+    parted = tmp_path / "p.json"  # a JSON list: records by 0-based index
+    parted.write_text(json.dumps([{"text": hh.format("why?", "a")}, {"text": hh.format("how?", "a")}]))
+    with pytest.raises(DataError, match=r"p.json:0: field 'text': records 0 and 1 are not one prompt's two answers"):
+        load_preference_data(parted, "aligner")
 
 
 def hs3(pref):

@@ -3,9 +3,9 @@ the turn's end, HH transcripts become chat turns, and the truncation rule keeps 
 
 from transformers import AutoTokenizer
 
-from rmkit.data.policy_tokenize import fit_prompt_responses, hh_messages, tokenize_policy_pairs
+from rmkit.data.policy_tokenize import fit_prompt_responses, tokenize_policy_pairs
 from rmkit.data.records import PreferencePair
-from rmkit.data.tokenize import render_prompt
+from rmkit.data.tokenize import hh_messages, render_prompt
 
 
 def test_hh_transcript_becomes_messages():
@@ -34,6 +34,24 @@ def test_plain_text_without_template_appends_eos(tiny_policy):
     got = tokenize_policy_pairs([PreferencePair("Q: 2+2?", " 4", " 5")], tokenizer, 64).pairs[0]
     assert tokenizer.decode(got.prompt_ids).endswith("User: Q: 2+2?\nAssistant:")
     assert got.chosen_ids[-1] == tokenizer.eos_token_id
+
+
+HH = "\n\nHuman: Hi\n\nAssistant: Hello!\n\nHuman: Name a fruit.\n\nAssistant:"
+
+
+def test_without_template_an_hh_prompt_keeps_one_set_of_roles(tiny_plain_policy):
+    """DPO's pairs, SFT's demonstrations and GRPO's prompts alike: the transcript's turns in rmkit's plain roles
+    (it was rendered inside a second "User: ...\\nAssistant:")."""
+    from rmkit.data.demonstrations import Demonstration, tokenize_demonstrations
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_plain_policy)
+    plain = "User: Hi\nAssistant: Hello!\nUser: Name a fruit.\nAssistant:"
+    assert tokenizer.decode(render_prompt(tokenizer, HH)) == plain  # GRPO renders its prompts so
+    pair = tokenize_policy_pairs([PreferencePair(HH, " An apple.", " No.")], tokenizer, 64).pairs[0]
+    assert tokenizer.decode(pair.prompt_ids + pair.chosen_ids) == plain + " An apple.<|im_end|>"
+    (demo,) = tokenize_demonstrations([Demonstration(HH, " An apple.")], tokenizer, 64).items
+    assert tokenizer.decode(demo.input_ids) == plain + " An apple.<|im_end|>"
+    assert tokenizer.decode(demo.input_ids[:demo.prompt_length]) == plain
 
 
 def test_truncation_keeps_prompt_end_and_response_start(tiny_policy):

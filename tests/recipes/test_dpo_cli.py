@@ -50,6 +50,7 @@ def test_cli_end_to_end(tiny_policy, tmp_path):
                           capture_output=True, text=True, timeout=300, cwd=REPO_ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Policy saved to" in proc.stdout
+    assert f"rmkit: validation-v: {val}: 4 pairs (binary format); 2 truncated to 64 tokens" in proc.stderr
 
     model = AutoModelForCausalLM.from_pretrained(out / "final")
     tokenizer = AutoTokenizer.from_pretrained(out / "final")

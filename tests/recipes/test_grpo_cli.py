@@ -39,7 +39,9 @@ def test_cli_end_to_end(tiny_policy, tiny_reward_model, prompt_files, tmp_path, 
     trained = dict(policy.named_parameters())
     initial = dict(AutoModelForCausalLM.from_pretrained(tiny_policy).named_parameters())
     assert any(not torch.equal(trained[k], initial[k]) for k in initial)  # the policy was updated
-    assert "Policy saved to" in capsys.readouterr().out
+    captured = capsys.readouterr()
+    assert "Policy saved to" in captured.out
+    assert f"rmkit: train: {train}: 16 prompts (prompts format)" in captured.err
 
 
 @pytest.mark.parametrize("bad, where", [

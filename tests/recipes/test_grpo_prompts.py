@@ -29,6 +29,13 @@ def test_preference_file_gives_its_prompts(tmp_path):
     assert result.format == "binary" and [p.prompt for p in result.records] == ["Q0", "Q1"]
 
 
+def test_an_aligner_file_holds_no_prompts(tmp_path):
+    """Its prompts are joined to their answers: read as pairs, every prompt would be the empty one."""
+    path = _write(tmp_path / "a.jsonl", [{"text": "User: hi\nAssistant: hello"}, {"text": "User: hi\nAssistant: go"}])
+    with pytest.raises(DataError, match=rf"^{path}: an aligner comparison file joins each prompt to its answer"):
+        load_prompts(path)
+
+
 @pytest.mark.parametrize("record, field", [
     ({"prompt": ""}, "prompt"),
     ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}, "messages[1]"),

@@ -37,6 +37,7 @@ def test_train_eval_score_on_a_tiny_decoder(tiny_decoder, pair_files, tmp_path, 
     train, val = pair_files
     result, out = _train(tmp_path, tiny_decoder, train, val, "rm.max_num_steps=3", "policy.optimizer.lr=1e-3")
     assert result.returncode == 0, result.stderr
+    assert f"rmkit: train: {train}: 24 pairs (binary format); 0 truncated to 64 tokens" in result.stderr
     final = out / "final"
     for name in ("model.safetensors", "config.json", "tokenizer.json", "reward_stats.json", "rmkit_config.yaml"):
         assert (final / name).is_file(), name
@@ -127,6 +128,6 @@ def test_ties_in_a_ranked_file_stop_training_unless_data_keep_ties(tiny_decoder,
     result, out = _train(tmp_path, tiny_decoder, ranked, ranked, "rm.max_num_steps=1", "data.keep_ties=true",
                          capsys=capsys)
     assert result.returncode == 0, result.stderr
-    assert "rmkit: train: 8 pairs" in result.stderr
+    assert f"rmkit: train: {ranked}: 8 pairs (ranked format); 0 truncated to 64 tokens, 4 skipped" in result.stderr
     rejects = [json.loads(line) for line in (out / "rejects-train.jsonl").read_text().splitlines()]
     assert len(rejects) == 4 and all(r["reason"].startswith("tie: ") for r in rejects)

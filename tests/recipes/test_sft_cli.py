@@ -92,6 +92,27 @@ def test_chosen_side_of_preference_data_with_lora_and_packing(tiny_policy, tmp_p
     assert not any("lora" in name for name, _ in merged.named_parameters())
 
 
+def test_plain_text_trains_on_every_line(tiny_policy, tmp_path, capsys):
+    """TRL's plain-text layout: 5 documents (an odd count) are 5 demonstrations, trained on every token."""
+    from rmkit.data.demonstrations import load_demonstrations, tokenize_demonstrations
+    from rmkit.models.reward import load_tokenizer
+
+    documents = [{"text": f"Document {i} says the river is {i} miles long."} for i in range(5)]
+    train = write_jsonl(tmp_path / "text.jsonl", documents)
+    loaded = load_demonstrations(train)
+    assert loaded.format == "text" and [d.prompt for d in loaded.records] == [d["text"] for d in documents]
+    tokenizer = load_tokenizer(tiny_policy)
+    ids = tokenize_demonstrations(loaded.records, tokenizer, 96).items[0]
+    assert ids.input_ids == tokenizer(documents[0]["text"])["input_ids"] + [tokenizer.eos_token_id]
+    assert ids.token_mask == [0] + [1] * (ids.length - 1)  # every token but the first (it has no log-prob)
+    code, err = run_sft(capsys, *base_args(tiny_policy, tmp_path, train, **{
+        "data.val_data_paths": f"{{held_out: {train}}}", "sft.max_num_steps": 1, "checkpointing.enabled": False}))
+    assert code == 0, err[-3000:]
+    assert f"rmkit: train: {train}: 5 demonstrations (text format); 0 truncated to 96 tokens" in err
+    samples = [json.loads(line) for line in (tmp_path / "out/logs/samples.jsonl").read_text().splitlines()]
+    assert samples[0]["prompt"] + samples[0]["reference"] == documents[0]["text"]  # the sample continues its first half
+
+
 def test_malformed_record_is_file_line_field_or_skipped(tiny_policy, tmp_path, capsys):
     bad = {"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "beep"}]}
     train = write_jsonl(tmp_path / "train.jsonl", [conversation(0), bad, conversation(1), conversation(2)])

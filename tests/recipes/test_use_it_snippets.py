@@ -2,10 +2,8 @@
 the run exported: the policy's `python -c` (a policy with a chat template and one without) and the reward
 model's `python -c` and `rmkit score` (slow: each is a fresh Python process)."""
 
-import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -35,19 +33,10 @@ def _run(command: str, cwd: Path) -> str:
     return done.stdout
 
 
-def _without_chat_template(policy: str, path: Path) -> str:
-    shutil.copytree(policy, path)
-    (path / "chat_template.jinja").unlink(missing_ok=True)
-    config = json.loads((path / "tokenizer_config.json").read_text())
-    config.pop("chat_template", None)
-    (path / "tokenizer_config.json").write_text(json.dumps(config))
-    return str(path)
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("recipe", "template"), [("sft", True), ("sft", False), ("dpo", True)])
-def test_the_policy_snippet_runs(recipe, template, tiny_policy, tmp_path, capsys):
-    policy = tiny_policy if template else _without_chat_template(tiny_policy, tmp_path / "plain_policy")
+def test_the_policy_snippet_runs(recipe, template, tiny_policy, tiny_plain_policy, tmp_path, capsys):
+    policy = tiny_policy if template else tiny_plain_policy
     train = write_pairs(tmp_path / "train.jsonl", 4)
     args = [recipe, f"policy.model_name={policy}", f"data.train_data_path={train}", "data.val_data_paths={}",
             f"checkpointing.checkpoint_dir={tmp_path / 'run'}", f"{recipe}.max_num_steps=1", f"{recipe}.val_period=0",

@@ -1,0 +1,100 @@
+"""Odd inputs a user brings to the training commands. A `{"text"}` file whose lines are not pairs, or a validation
+file in the standard layout beside a training file with remapped keys: one line naming the file, the line and the
+field or key and what to do, exit status 2, no traceback. A policy with no chat template, or a max length that cuts
+DPO's prompts to nothing: a warning line that says so and what to do."""
+
+import json
+
+import pytest
+
+from rmkit import cli
+from tests.recipes.dpo_helpers import write_pairs
+
+NO_POLICY = "/nonexistent/policy"
+
+
+def _error(capsys) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "Traceback" not in "\n".join(err)
+    return err[-1]
+
+
+def _write(path, records):
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_dpo_refuses_text_lines_that_are_not_pairs(tiny_policy, tmp_path, capsys):
+    texts = _write(tmp_path / "texts.jsonl", [{"text": "The river is long."}, {"text": "Cats purr at night."}])
+    assert cli.main(["dpo", f"policy.model_name={tiny_policy}", f"data.train_data_path={texts}",
+                     "data.val_data_paths={}", f"checkpointing.checkpoint_dir={tmp_path / 'run'}"]) == 2
+    assert _error(capsys).startswith(f"rmkit dpo: error: {texts}:1: field 'text': lines 1 and 2 are not one prompt's "
+                                     "two answers: they start differently")
+
+
+@pytest.fixture
+def remapped(tmp_path):
+    """A training file with its own field names and a validation file in the standard layout."""
+    rows = [{"question": f"What is {i} plus {i}?", "answer": f"It is {2 * i}.", "bad": f"It is {2 * i + 1}."}
+            for i in range(8)]
+    train = _write(tmp_path / "train.jsonl", rows)
+    return train, write_pairs(tmp_path / "val.jsonl", 4), ["data.prompt_key=question", "data.chosen_key=answer",
+                                                           "data.rejected_key=bad"]
+
+
+@pytest.mark.parametrize("recipe", ["train", "dpo", "sft", "grpo"])
+def test_a_standard_validation_file_beside_remapped_keys_says_how_to_read_it(recipe, remapped, tmp_path, capsys):
+    train, val, keys = remapped
+    args = [recipe, f"policy.model_name={NO_POLICY}", f"data.train_data_path={train}", f"data.val_data_paths={{hh: {val}}}",
+            *keys, f"checkpointing.checkpoint_dir={tmp_path / 'run'}"]
+    if recipe == "grpo":
+        args.append(f"env.reward_model.model_name={NO_POLICY}")
+    assert cli.main(args) == 2  # before any model loads (the policy path does not exist)
+    assert _error(capsys) == (
+        f"rmkit {recipe}: error: {val}:1: field 'question': missing in validation set 'hh', which has the standard "
+        "'prompt' instead (data.prompt_key=question, data.chosen_key=answer, data.rejected_key=bad: remapped for "
+        "the training file); give this file its own keys: data.val_keys.hh={} for the standard ones, or "
+        "data.val_keys.hh={prompt_key: FIELD}")  # was "cannot tell the data format from the fields"
+
+
+def test_val_keys_read_the_validation_file_with_its_own_keys(remapped, tiny_decoder, tmp_path, capsys):
+    train, val, keys = remapped
+    assert cli.main(["train", f"policy.model_name={tiny_decoder}", f"data.train_data_path={train}", *keys,
+                     f"data.val_data_paths={{hh: {val}}}", "data.val_keys={hh: {}}", "rm.max_num_steps=1",
+                     "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4",
+                     "policy.max_total_sequence_length=64", f"checkpointing.checkpoint_dir={tmp_path / 'run'}",
+                     "checkpointing.enabled=false", "logger.progress_bar=false", "logger.plots=false",
+                     "logger.tensorboard=false", "policy.num_threads=1"]) == 0
+    err = capsys.readouterr().err
+    assert f"rmkit: train: {train}: 8 pairs (binary format)" in err
+    assert f"rmkit: validation-hh: {val}: 4 pairs (binary format)" in err
+
+
+def _dpo(policy, train, tmp_path, *extra) -> list[str]:
+    return ["dpo", f"policy.model_name={policy}", f"data.train_data_path={train}", "data.val_data_paths={}",
+            f"checkpointing.checkpoint_dir={tmp_path / 'run'}", "dpo.max_num_steps=1", "dpo.val_at_start=false",
+            "dpo.val_at_end=false", "policy.train_global_batch_size=2", "policy.train_micro_batch_size=2",
+            "policy.num_threads=1", "checkpointing.enabled=false", "logger.progress_bar=false", "logger.plots=false",
+            "logger.tensorboard=false", *extra]
+
+
+def test_a_policy_without_a_chat_template_is_named_once(tiny_plain_policy, tmp_path, capsys):
+    hh = [{"prompt": f"\n\nHuman: Name fruit {i}.\n\nAssistant:", "chosen": " An apple.", "rejected": " No."}
+          for i in range(2)]
+    assert cli.main(_dpo(tiny_plain_policy, _write(tmp_path / "hh.jsonl", hh), tmp_path,
+                         "policy.max_total_sequence_length=64")) == 0
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "no chat template" in line]
+    assert warnings == [f"rmkit: warning: {tiny_plain_policy} has no chat template: prompts are rendered as "
+                        "\"User: ...\\nAssistant:\" (an HH transcript's turns in those roles) and responses follow with "
+                        "EOS; to prompt the policy in its own format, give a template with policy.tokenizer.chat_template"]
+
+
+def test_dpo_says_how_many_prompts_were_cut_to_nothing(tiny_policy, tmp_path, capsys):
+    train = write_pairs(tmp_path / "train.jsonl", 4)
+    assert cli.main(_dpo(tiny_policy, train, tmp_path, "policy.max_total_sequence_length=8")) == 0
+    err = capsys.readouterr().err  # it trained without a word
+    assert ("rmkit: warning: train: 4 of 4 prompts were cut to nothing (what is left is what every prompt is rendered "
+            "with: policy.max_total_sequence_length=8 leaves the responses all the room); raise "
+            "policy.max_total_sequence_length, or set data.overlong=drop") in err
+    assert cli.main(_dpo(tiny_policy, train, tmp_path, "policy.max_total_sequence_length=64")) == 0
+    assert "cut to nothing" not in capsys.readouterr().err
