@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-RECIPES = ("rm_decoder", "rm_encoder", "rm_regression", "sft", "dpo", "grpo")
+RECIPES = ("rm_decoder", "rm_encoder", "rm_regression", "sft", "dpo", "grpo", "ppo")
 QUIET = ["logger.tensorboard=false", "logger.progress_bar=false", "logger.plots=false", "policy.num_threads=1"]
 
 
@@ -107,15 +107,23 @@ def commands(work: Path) -> dict[str, list[str]]:
                  "policy.generation.max_new_tokens=6", "policy.max_total_sequence_length=128",
                  "policy.optimizer.lr=1e-3", "data.train_data_path=default", "data.val_data_paths={val: default-val}",
                  *small_ckpt],
+        "ppo": ["ppo", f"policy.model_name={policy}", f"env.reward_model.model_name={rm}", "ppo.max_num_steps=3",
+                "ppo.num_prompts_per_step=4", "ppo.num_generations_per_prompt=2", "ppo.val_period=2", "ppo.ppo_epochs=2",
+                "ppo.max_val_samples=4", "ppo.kl_target=0.01", "policy.train_global_batch_size=4",
+                "policy.train_micro_batch_size=2", "value.train_micro_batch_size=1", "policy.generation.max_new_tokens=6",
+                "policy.max_total_sequence_length=128", "policy.optimizer.lr=1e-3", "value.optimizer.lr=1e-3",
+                "data.train_data_path=default", "data.val_data_paths={val: default-val}", *small_ckpt],
     }
 
 
 def weights_hash(final_dir: Path) -> str:
-    """sha256 over the exported tensors' names, dtypes, shapes and bytes, in name order."""
+    """sha256 over the exported tensors' names (a subfolder's prefixed with it), dtypes, shapes and bytes, in name
+    order."""
     digest = hashlib.sha256()
     tensors = {}
-    for file in sorted(final_dir.glob("*.safetensors")):
-        tensors.update(load_file(file))
+    for file in sorted(final_dir.rglob("*.safetensors")):  # PPO's critic sits in final/critic/
+        folder = file.parent.relative_to(final_dir)
+        tensors.update({name if folder == Path(".") else f"{folder}/{name}": t for name, t in load_file(file).items()})
     for name in sorted(tensors):
         t = tensors[name].contiguous()
         digest.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
