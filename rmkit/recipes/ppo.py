@@ -25,7 +25,8 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -242,14 +243,16 @@ def build_critic(cfg: PPOConfig, policy_tokenizer, device: torch.device, say: bo
     return critic_cfg, critic, critic_tokenizer
 
 
+@dataclass
 class Models:
     """What one PPO step runs: the policy (and its DDP wrapper), the critic (and the values forward, wrapped),
     the reference (a context-manager factory, or None)."""
 
-    def __init__(self, policy, trained_policy, critic, trained_values, reference):
-        self.policy, self.trained_policy = policy, trained_policy
-        self.critic, self.trained_values = critic, trained_values
-        self.reference = reference
+    policy: torch.nn.Module
+    trained_policy: torch.nn.Module
+    critic: torch.nn.Module
+    trained_values: torch.nn.Module
+    reference: Callable | None
 
 
 def ppo_step(cfg, critic_cfg, state, models: Models, tokenizer, env, loss_fn, value_loss_fn, prompts, params,
