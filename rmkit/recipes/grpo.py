@@ -22,9 +22,8 @@ from dataclasses import replace
 import torch
 
 from rmkit import distributed as dist
-from rmkit.data.sampler import LengthGroupedBatchSampler
 from rmkit.env import check_environment, environment_for
-from rmkit.errors import ConfigError, TrainingDiverged
+from rmkit.errors import TrainingDiverged
 from rmkit.losses import reduce_metrics
 from rmkit.losses.advantages import (
     clip_advantages,
@@ -49,12 +48,12 @@ from rmkit.trainer.rollout import (
     batch_logprobs,
     check_rollout_split,
     generate_rollout,
-    load_prompt_set,
     policy_logits,
     reference_policy,
     restore_rl_loop_state,
     rl_loop_state,
     rollout_metrics,
+    rollout_sources,
     row_logprobs,
     score_rollout,
     shaped_rewards,
@@ -62,7 +61,6 @@ from rmkit.trainer.rollout import (
     training_batch,
 )
 from rmkit.trainer.run import Cadence, RunResult, apply_update, finish_run, resume, run_batches, start_run
-from rmkit.trainer.run_data import DataSet
 from rmkit.trainer.run_log import announce
 from rmkit.trainer.sharding import shard_policy
 from rmkit.trainer.state import TrainState, total_steps
@@ -87,15 +85,7 @@ def train(cfg: GRPOConfig) -> RunResult:
     else:  # DDP sums gradients over ranks (rmkit.distributed)
         trained = dist.wrap_data_parallel(model, run.info)
     env = environment_for(cfg.env.reward_model)
-    train_prompts = load_prompt_set(cfg, DataSet.of(cfg.data, None, run.out_dir), tokenizer)
-    val_prompts = {name: load_prompt_set(cfg, DataSet.of(cfg.data, name, run.out_dir), tokenizer)
-                   for name in cfg.data.val_data_paths}
-    if len(train_prompts) < cfg.grpo.num_prompts_per_step:
-        raise ConfigError("grpo.num_prompts_per_step", f"{cfg.grpo.num_prompts_per_step} is more than the "
-                          f"{len(train_prompts)} training prompts")
-    sampler = LengthGroupedBatchSampler([0] * len(train_prompts), cfg.grpo.num_prompts_per_step // world,
-                                        seed=cfg.grpo.seed, drop_last=True, num_replicas=world, rank=dist.rank())
-    generator = torch.Generator().manual_seed(cfg.grpo.seed * 1000 + dist.rank())
+    train_prompts, val_prompts, sampler, generator = rollout_sources(cfg, cfg.grpo, tokenizer, run.out_dir)
     params = cfg.policy.generation
 
     # --- optimizer, schedule, loss, state; resume (the sampling generator too, so rollouts repeat exactly)

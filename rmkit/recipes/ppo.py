@@ -32,7 +32,6 @@ from pathlib import Path
 import torch
 
 from rmkit import distributed as dist
-from rmkit.data.sampler import LengthGroupedBatchSampler
 from rmkit.env import check_environment, environment_for
 from rmkit.errors import ConfigError, TrainingDiverged
 from rmkit.losses import reduce_metrics
@@ -65,7 +64,6 @@ from rmkit.trainer.rollout import (
     batch_logprobs,
     check_rollout_split,
     generate_rollout,
-    load_prompt_set,
     mask_logprob_mismatch,
     policy_logits,
     prompt_groups,
@@ -73,13 +71,13 @@ from rmkit.trainer.rollout import (
     restore_rl_loop_state,
     rl_loop_state,
     rollout_metrics,
+    rollout_sources,
     score_rollout,
     shaped_rewards,
     slice_rows,
     training_batch,
 )
 from rmkit.trainer.run import Cadence, RunResult, check_finite, finish_run, resume, run_batches, start_run
-from rmkit.trainer.run_data import DataSet
 from rmkit.trainer.run_log import announce
 from rmkit.trainer.sharding import shard_policy, shard_reward_model
 from rmkit.trainer.state import TrainState, total_steps
@@ -111,15 +109,7 @@ def train(cfg: PPOConfig) -> RunResult:
     trained_values = values_forward if cfg.policy.dtensor_cfg.enabled else dist.wrap_data_parallel(values_forward,
                                                                                                   run.info)
     env = environment_for(cfg.env.reward_model)
-    train_prompts = load_prompt_set(cfg, DataSet.of(cfg.data, None, run.out_dir), tokenizer)
-    val_prompts = {name: load_prompt_set(cfg, DataSet.of(cfg.data, name, run.out_dir), tokenizer)
-                   for name in cfg.data.val_data_paths}
-    if len(train_prompts) < cfg.ppo.num_prompts_per_step:
-        raise ConfigError("ppo.num_prompts_per_step", f"{cfg.ppo.num_prompts_per_step} is more than the "
-                          f"{len(train_prompts)} training prompts")
-    sampler = LengthGroupedBatchSampler([0] * len(train_prompts), cfg.ppo.num_prompts_per_step // world,
-                                        seed=cfg.ppo.seed, drop_last=True, num_replicas=world, rank=dist.rank())
-    generator = torch.Generator().manual_seed(cfg.ppo.seed * 1000 + dist.rank())
+    train_prompts, val_prompts, sampler, generator = rollout_sources(cfg, cfg.ppo, tokenizer, run.out_dir)
     params = cfg.policy.generation
 
     # --- one optimizer over both models (the policy's learning rate 0 during critic warmup), state, resume

@@ -15,12 +15,14 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from rmkit import distributed as dist
 from rmkit.config import SamplingParams
 from rmkit.data.prompts import load_prompts
+from rmkit.data.sampler import LengthGroupedBatchSampler
 from rmkit.data.tokenize import as_messages, render_prompt
 from rmkit.errors import ConfigError, DataError, RolloutFailed
 from rmkit.generation import generate_completions
@@ -308,3 +310,19 @@ def mask_logprob_mismatch(batch: dict, threshold: float | None) -> dict[str, flo
         for name, reduce in (("max", torch.max), ("mean", torch.mean), ("min", torch.min)):
             metrics[f"train/{name}_seq_mult_prob_error{suffix}"] = reduce(values).item() if values.numel() else 0.0
     return metrics
+
+
+def rollout_sources(cfg, loop, tokenizer, out_dir: Path):
+    """What an RL run samples from (`loop`: `grpo.*` or `ppo.*`): the training prompts, the validation prompt
+    sets by name, the sampler of this rank's share of `num_prompts_per_step` prompts per step, and this rank's
+    seeded sampling generator (checkpoints save it)."""
+    world = dist.world_size()
+    train = load_prompt_set(cfg, DataSet.of(cfg.data, None, out_dir), tokenizer)
+    val = {name: load_prompt_set(cfg, DataSet.of(cfg.data, name, out_dir), tokenizer) for name in cfg.data.val_data_paths}
+    if len(train) < loop.num_prompts_per_step:
+        raise ConfigError(f"{loop.section}.num_prompts_per_step", f"{loop.num_prompts_per_step} is more than the "
+                          f"{len(train)} training prompts")
+    sampler = LengthGroupedBatchSampler([0] * len(train), loop.num_prompts_per_step // world, seed=loop.seed,
+                                        drop_last=True, num_replicas=world, rank=dist.rank())
+    generator = torch.Generator().manual_seed(loop.seed * 1000 + dist.rank())
+    return train, val, sampler, generator
