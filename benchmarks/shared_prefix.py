@@ -1,6 +1,7 @@
 """The prompt computed once, measured: DPO's forward + backward over HH pairs with SmolLM2-135M, each pair as
 two rows `[prompt, chosen]`, `[prompt, rejected]` (unshared) or as one row `[prompt, chosen, rejected]`
-(`rmkit.models.shared_prefix`), the same pairs, fp32, the same threads. The two settings alternate within
+(`rmkit.models.shared_prefix`, as DPO's `PairLogits` runs it: several pairs packed to a row, the output
+layer at the response positions only), the same pairs, fp32, the same threads. The two settings alternate within
 each repeat so that machine load drifts on both alike; the summary is the median seconds per batch.
 
     python benchmarks/shared_prefix.py                        # 16 pairs, batches of 4, max length 256, 3 repeats
@@ -38,18 +39,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 
 def unshared_logits(model, batch, pad_id):
-    from rmkit.models.pair_logprobs import pair_batch
-
-    data = pair_batch(batch, pad_id)
+    """A plain forward over the rows `[prompt, chosen]`, `[prompt, rejected]`, right-padded; the response tokens
+    masked."""
+    rows = [(p.prompt_ids + side, len(p.prompt_ids)) for p in batch for side in (p.chosen_ids, p.rejected_ids)]
+    width = max(len(row) for row, _ in rows)
+    data = {"input_ids": torch.full((len(rows), width), pad_id), "attention_mask": torch.zeros((len(rows), width)),
+            "token_mask": torch.zeros((len(rows), width))}
+    for i, (row, start) in enumerate(rows):
+        data["input_ids"][i, :len(row)], data["attention_mask"][i, :len(row)] = torch.tensor(row), 1
+        data["token_mask"][i, max(start, 1):len(row)] = 1
     return model(input_ids=data["input_ids"], attention_mask=data["attention_mask"], use_cache=False).logits, data
 
 
 def shared_logits(model, batch, pad_id):
-    from rmkit.models.pair_logprobs import pair_batch
-    from rmkit.models.shared_prefix import shared_prefix_logits
+    """What DPO runs (`PairLogits`): the prompt once, pairs packed to rows, logits at the response positions."""
+    from rmkit.models.pair_logprobs import PairLogits
 
-    groups = [(p.prompt_ids, (p.chosen_ids, p.rejected_ids)) for p in batch]
-    return shared_prefix_logits(model, groups, pad_id), pair_batch(batch, pad_id)
+    return PairLogits(model, pad_id, "float32")(batch)
 
 
 def one_pass(model, batches, pad_id, forward) -> float:

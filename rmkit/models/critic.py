@@ -61,11 +61,12 @@ class TokenValues(torch.nn.Module):
 
 
 def shared_prefix_values(forward: torch.nn.Module, critic: torch.nn.Module, groups: Sequence[Group],
-                         pad_token_id: int) -> torch.Tensor:
-    """The head's values `[R, S]` of the unshared rows `[prompt, cont_k]` (group by group, right-padded), each
-    prompt computed once (`rmkit.models.shared_prefix`). `forward` is `TokenValues` (or DDP around it);
+                         pad_token_id: int, continuations_only: bool = False) -> torch.Tensor:
+    """The head's values `[R, S]` of the unshared rows `[prompt, cont_k]` (group by group, right-padded; with
+    `continuations_only`, of the rows `[last prompt token, cont_k]`), each prompt computed once and several
+    groups packed to a row (`rmkit.models.shared_prefix`). `forward` is `TokenValues` (or DDP around it);
     `critic` the transformers classifier inside (its config says which attention mask it takes)."""
-    return unshared_layout(forward(**packed_inputs(critic, groups, pad_token_id)), groups)
+    return unshared_layout(forward(**packed_inputs(critic, groups, pad_token_id)), groups, continuations_only)
 
 
 def shares_vocabulary(policy_tokenizer, critic_tokenizer) -> bool:

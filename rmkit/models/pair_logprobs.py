@@ -1,11 +1,13 @@
 """The policy's next-token logits of a batch of preference pairs, laid out as the DPO loss reads them.
 
-A batch of N `PolicyPair`s becomes 2N interleaved rows `[c0, r0, c1, r1, ...]` (docs/design.md): row
-`prompt_ids + chosen_ids` and row `prompt_ids + rejected_ids`, padded on the right, with `token_mask` 1 on
-the response tokens (the ones DPO scores). `PairLogits` is the one place that runs the policy over pairs:
-DPO's training step, its validation and the reference pass (`rmkit.trainer.reference_logprobs`) all call it. It runs each pair as one row
-`[prompt, chosen, rejected]` with the prompt computed once (`rmkit.models.shared_prefix`), whose logits equal
-the two unshared rows' within float rounding and come back in their layout.
+A batch of N `PolicyPair`s becomes 2N interleaved rows `[c0, r0, c1, r1, ...]` (docs/design.md): the rows
+`prompt_ids + chosen_ids` and `prompt_ids + rejected_ids`, each from its prompt's last token on (the positions
+whose logits predict a response token: `[prompt_ids[-1], *chosen_ids]`), padded on the right, with
+`token_mask` 1 on the response tokens (the ones DPO scores). `PairLogits` is the one place that runs the policy
+over pairs: DPO's training step, its validation and the reference pass (`rmkit.trainer.reference_logprobs`)
+all call it. It runs each pair as `[prompt, chosen, rejected]` with the prompt computed once, several pairs
+packed to a row (`rmkit.models.shared_prefix`); the logits equal the two unshared rows' within float rounding,
+and the output layer runs at the response positions only.
 """
 
 from __future__ import annotations
@@ -26,13 +28,18 @@ PLACEHOLDER = PolicyPair([0], [0], [0], "placeholder")
 
 
 def pair_rows(pairs: Sequence[PolicyPair]) -> list[list[int]]:
-    """The 2N token rows of `pairs`, interleaved `[c0, r0, c1, r1, ...]`."""
-    return [pair.prompt_ids + side for pair in pairs for side in (pair.chosen_ids, pair.rejected_ids)]
+    """The 2N token rows of `pairs` from each prompt's last token on, interleaved `[c0, r0, c1, r1, ...]`."""
+    return [pair.prompt_ids[-1:] + side for pair in pairs for side in (pair.chosen_ids, pair.rejected_ids)]
+
+
+def response_start(pair: PolicyPair) -> int:
+    """Where the responses begin in the pair's rows (`pair_rows`): after the prompt's last token, or at 0."""
+    return len(pair.prompt_ids[-1:])
 
 
 def pair_batch(pairs: Sequence[PolicyPair], pad_token_id: int, device: torch.device | None = None) -> dict:
-    """The loss's `data` for `pairs`: `input_ids`, `attention_mask`, `token_mask` `[2N, S]` (S the longest
-    row; right padding) and `sample_mask` `[2N]` (every row counts)."""
+    """The loss's `data` for `pairs`: `input_ids`, `attention_mask`, `token_mask` `[2N, S]` of `pair_rows` (S
+    the longest; right padding) and `sample_mask` `[2N]` (every row counts)."""
     rows = pair_rows(pairs)
     width = max(len(row) for row in rows)
     input_ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
@@ -42,7 +49,7 @@ def pair_batch(pairs: Sequence[PolicyPair], pad_token_id: int, device: torch.dev
         input_ids[i, :len(row)] = torch.tensor(row, dtype=torch.long)
         attention_mask[i, :len(row)] = 1
         # Response tokens; position 0 never carries a log-prob (an empty prompt leaves the first token out).
-        token_mask[i, max(len(pairs[i // 2].prompt_ids), 1):len(row)] = 1
+        token_mask[i, 1:len(row)] = 1
     data = {"input_ids": input_ids, "attention_mask": attention_mask, "token_mask": token_mask,
             "sample_mask": torch.ones(len(rows), dtype=torch.float32)}
     return {k: v.to(device) for k, v in data.items()} if device is not None else data
@@ -63,7 +70,7 @@ class PairLogits(torch.nn.Module):
         data = pair_batch(pairs, self.pad_token_id, device)
         groups = [(pair.prompt_ids, (pair.chosen_ids, pair.rejected_ids)) for pair in pairs]
         with autocast(self.precision, device):
-            logits = shared_prefix_logits(self.model, groups, self.pad_token_id)
+            logits = shared_prefix_logits(self.model, groups, self.pad_token_id, continuations_only=True)
         return logits, data
 
 
@@ -72,7 +79,7 @@ def reference_tensor(refs: Sequence[RefLogprobs], pairs: Sequence[PolicyPair], d
     log-probs at its response positions, 0 elsewhere (outside `token_mask`, which the loss ignores)."""
     out = torch.zeros(data["input_ids"].shape, dtype=torch.float32)
     for i, (pair, (chosen, rejected)) in enumerate(zip(pairs, refs)):
-        start = len(pair.prompt_ids)
+        start = response_start(pair)
         out[2 * i, start:start + len(chosen)] = chosen
         out[2 * i + 1, start:start + len(rejected)] = rejected
     return out.to(data["input_ids"].device)

@@ -237,11 +237,11 @@ def update_policy(cfg, state, trained, batch, loss_fn, temperature) -> dict[str,
 
         def run_micro(m, rows=rows, gvs=gvs, gvt=gvt):
             mb = slice_rows(rows, m, m + micro, device)
-            logits = policy_logits(trained, mb, temperature, policy.precision)
-            if "prev_logprobs" not in mb:
-                mb["prev_logprobs"] = row_logprobs(logits, mb["input_ids"])
-            loss, metrics = loss_fn(logits, mb, gvs, gvt)
-            metrics["clipped_fraction"] = clipped_fraction(cfg.loss_fn, logits.detach(), mb, gvt)
+            logits, view = policy_logits(trained, mb, temperature, policy.precision)
+            if "prev_logprobs" not in view:
+                view["prev_logprobs"] = row_logprobs(logits, view["input_ids"])
+            loss, metrics = loss_fn(logits, view, gvs, gvt)
+            metrics["clipped_fraction"] = clipped_fraction(cfg.loss_fn, logits.detach(), view, gvt)
             return loss, metrics
 
         metrics = reduce_metrics(accumulate(trained, list(range(0, per_rank, micro)), run_micro))

@@ -63,6 +63,8 @@ from rmkit.trainer.rl_validation import run_validation, warn
 from rmkit.trainer.rollout import (
     batch_logprobs,
     check_rollout_split,
+    continuation_view,
+    from_continuation_view,
     generate_rollout,
     mask_logprob_mismatch,
     policy_logits,
@@ -291,15 +293,18 @@ def batch_values(models: Models, batch: dict, critic_cfg) -> torch.Tensor:
     device, micro = next(models.critic.parameters()).device, critic_cfg.train_micro_batch_size
     for start in range(0, len(out), micro):
         mb = slice_rows(batch, start, start + micro, device)
-        head = critic_head(models.trained_values, models.critic, mb, critic_cfg.precision)
-        out[start:start + micro, :head.shape[1]] = aligned_values(head).cpu()
+        head, _ = critic_head(models.trained_values, models.critic, mb, critic_cfg.precision)
+        values = from_continuation_view(aligned_values(head), mb)
+        out[start:start + micro, :values.shape[1]] = values.cpu()
     return out
 
 
-def critic_head(values_forward, critic, mb: dict, precision: str) -> torch.Tensor:
-    """The critic's head `[B, S]` over a micro-batch's rows, each prompt computed once."""
+def critic_head(values_forward, critic, mb: dict, precision: str) -> tuple[torch.Tensor, dict]:
+    """`(head [B, W], view)`: the critic's head at the rows of `view = continuation_view(mb)` (as
+    `policy_logits` gives the policy's logits), each prompt computed once."""
     with autocast(precision, mb["input_ids"].device):
-        return shared_prefix_values(values_forward, critic, prompt_groups(mb), pad_token_id=0)
+        head = shared_prefix_values(values_forward, critic, prompt_groups(mb), pad_token_id=0, continuations_only=True)
+    return head, continuation_view(mb)
 
 
 def compute_advantages(cfg, rewards: torch.Tensor, batch: dict, kl_penalty: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -337,14 +342,14 @@ def update_actor_critic(cfg, critic_cfg, state, models: Models, batch, loss_fn, 
 
             def critic_micro_loss(m, rows=rows, gvs=gvs, gvt=gvt):
                 mb = slice_rows(rows, m, m + critic_micro, device)
-                return value_loss_fn(critic_head(models.trained_values, models.critic, mb, critic_cfg.precision), mb,
+                return value_loss_fn(*critic_head(models.trained_values, models.critic, mb, critic_cfg.precision),
                                      gvs, gvt)
 
             def policy_micro_loss(m, rows=rows, gvs=gvs, gvt=gvt):
                 mb = slice_rows(rows, m, m + policy_micro, device)
-                logits = policy_logits(models.trained_policy, mb, temperature, policy_cfg.precision)
-                loss, metrics = loss_fn(logits, mb, gvs, gvt)
-                metrics["clipped_fraction"] = clipped_fraction(cfg.loss_fn, logits.detach(), mb, gvt)
+                logits, view = policy_logits(models.trained_policy, mb, temperature, policy_cfg.precision)
+                loss, metrics = loss_fn(logits, view, gvs, gvt)
+                metrics["clipped_fraction"] = clipped_fraction(cfg.loss_fn, logits.detach(), view, gvt)
                 return loss, metrics
 
             critic_metrics = reduce_metrics(accumulate(models.trained_values, list(range(0, per_rank, critic_micro)),

@@ -23,7 +23,7 @@ import torch
 from rmkit import distributed as dist
 from rmkit.data.policy_tokenize import PolicyPair
 from rmkit.losses.logprobs import aligned_logprobs
-from rmkit.models.pair_logprobs import PLACEHOLDER, PairLogits, RefLogprobs
+from rmkit.models.pair_logprobs import PLACEHOLDER, PairLogits, RefLogprobs, response_start
 from rmkit.trainer.sharding import same_count
 
 CACHE_VERSION = 1
@@ -55,7 +55,7 @@ def response_logprobs(logits: torch.Tensor, data: dict, pairs: Sequence[PolicyPa
     aligned = aligned_logprobs(logits.detach(), data["input_ids"]).float().cpu()  # [2N, S]
     out = []
     for i, pair in enumerate(pairs):
-        start = len(pair.prompt_ids)
+        start = response_start(pair)
         out.append((aligned[2 * i, start:start + len(pair.chosen_ids)].clone(),
                     aligned[2 * i + 1, start:start + len(pair.rejected_ids)].clone()))
     return out

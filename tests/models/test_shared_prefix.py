@@ -1,12 +1,19 @@
-"""The prompt computed once equals the unshared computation: logits at every real position and every
-parameter's gradient, on tiny random Llama and Qwen2 causal LMs, for pairs (K = 2) and groups of 4."""
+"""The prompt computed once, several groups packed to a row, equals the unshared computation: logits at every
+real position and every parameter's gradient, on tiny random Llama and Qwen2 causal LMs, for pairs (K = 2) and
+groups of 4; and the continuation rows alone (`continuations_only`) equal those positions of it."""
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rmkit.losses.logprobs import aligned_logprobs
-from rmkit.models.shared_prefix import shared_prefix_logits, shared_prefix_mask
+from rmkit.models.shared_prefix import (
+    _packed,
+    continuation_ends,
+    pack_groups,
+    shared_prefix_logits,
+    shared_prefix_mask,
+)
 
 PAD = 0
 
@@ -57,9 +64,53 @@ def test_shared_prefix_equals_unshared_forward_and_gradients(kind, k):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_mask_hides_other_continuations_and_keeps_padding_finite():
-    segment = torch.tensor([[0, 0, 1, 1, 2, -1]])
-    mask = shared_prefix_mask(segment)[0, 0]
-    assert mask[4].tolist() == [True, True, False, False, True, False]  # cont 2 sees the prompt and itself
-    assert mask[3].tolist() == [True, True, True, True, False, False]
-    assert mask[5].tolist() == [False] * 5 + [True]  # a padding query attends to itself only
+def test_mask_hides_other_continuations_and_other_groups_and_keeps_padding_finite():
+    # Two groups in one row: (prompt 0, conts 1 and 2) then (prompt 3, cont 4), then padding.
+    segment = torch.tensor([[0, 0, 1, 1, 2, 3, 4, -1]])
+    owner = torch.tensor([[0, 0, 0, 0, 0, 3, 3, -1]])
+    mask = shared_prefix_mask(segment, owner)[0, 0]
+    assert mask[4].tolist() == [True, True, False, False, True, False, False, False]  # cont 2: the prompt and itself
+    assert mask[3].tolist() == [True, True, True, True, False, False, False, False]
+    assert mask[6].tolist() == [False] * 5 + [True, True, False]  # the second group sees nothing of the first
+    assert mask[7].tolist() == [False] * 7 + [True]  # a padding query attends to itself only
+
+
+def test_groups_pack_into_rows_no_longer_than_the_longest_group():
+    groups = [([1] * 10, [[2] * 5]), ([3] * 2, [[4] * 2, [5]]), ([6] * 4, [[7] * 3]), ([8] * 3, [[9] * 4])]
+    places = pack_groups(groups)  # lengths 15, 5, 7, 7: rows [15], [7, 7], and 5 fits nowhere else
+    assert places == [(0, 0), (2, 0), (1, 0), (1, 7)]
+    input_ids, position_ids, segment, owner, _ = _packed(groups, pad_token_id=0)
+    assert input_ids.shape == (3, 15)
+    assert input_ids[1].tolist() == [6] * 4 + [7] * 3 + [8] * 3 + [9] * 4 + [0]
+    assert position_ids[1].tolist() == [0, 1, 2, 3, 4, 5, 6, 0, 1, 2, 3, 4, 5, 6, 0]  # each group from 0
+    assert segment[2].tolist()[:5] == [0, 0, 1, 1, 2] and owner[2].tolist()[:5] == [0] * 5
+    rows, positions = continuation_ends(groups)
+    assert list(zip(rows.tolist(), positions.tolist())) == [(0, 14), (2, 3), (2, 4), (1, 6), (1, 13)]
+
+
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_continuations_only_equals_those_positions_and_runs_the_output_layer_there(k):
+    """The rows `[last prompt token, cont_k]`: equal to the full layout's positions, gradients included, and the
+    output layer sees only those positions."""
+    model, groups = _model("llama"), _groups(k)
+    full = shared_prefix_logits(model, groups, PAD)
+    seen = []
+    handle = model.get_output_embeddings().register_forward_hook(lambda _, args, out: seen.append(args[0].shape))
+    got = shared_prefix_logits(model, groups, PAD, continuations_only=True)
+    handle.remove()
+    rows = [(len(p), len(c)) for p, conts in groups for c in conts]
+    assert got.shape[:2] == (len(rows), 1 + max(c for _, c in rows)) and seen == [got.shape[:2] + (32,)]
+    for r, (p, c) in enumerate(rows):
+        torch.testing.assert_close(got[r, :c + 1], full[r, p - 1:p + c], rtol=1e-5, atol=1e-5)
+    weight = torch.randn(got.shape[:2] + (64,), generator=torch.Generator().manual_seed(3))
+    real = torch.zeros(got.shape[:2])
+    for r, (_, c) in enumerate(rows):
+        real[r, :c + 1] = 1
+    full_weight = torch.zeros(full.shape)
+    for r, (p, c) in enumerate(rows):
+        full_weight[r, p - 1:p + c] = weight[r, :c + 1]
+    got_grads = torch.autograd.grad((got * weight * real[..., None]).sum(), list(model.parameters()))
+    full_grads = torch.autograd.grad((shared_prefix_logits(model, groups, PAD) * full_weight).sum(),
+                                     list(model.parameters()))
+    for (name, _), a, b in zip(model.named_parameters(), got_grads, full_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)

@@ -78,9 +78,9 @@ def test_pair_batch_is_interleaved_with_response_mask(setup):
     data = pair_batch(pairs[:2], tokenizer.pad_token_id)
     for i, pair in enumerate(pairs[:2]):
         for row, side in ((2 * i, pair.chosen_ids), (2 * i + 1, pair.rejected_ids)):
-            length = len(pair.prompt_ids) + len(side)
-            assert data["input_ids"][row, :length].tolist() == pair.prompt_ids + side
-            assert data["token_mask"][row].nonzero().flatten().tolist() == list(range(len(pair.prompt_ids), length))
+            length = 1 + len(side)  # from the prompt's last token on
+            assert data["input_ids"][row, :length].tolist() == pair.prompt_ids[-1:] + side
+            assert data["token_mask"][row].nonzero().flatten().tolist() == list(range(1, length))
             assert data["attention_mask"][row].sum() == length
 
 

@@ -84,10 +84,17 @@ def test_rollout_layout_and_group_advantages(tiny_policy):
 
 
 def test_completions_of_a_prompt_share_its_forward_and_match_the_plain_one(tiny_policy):
-    """policy_logits runs each prompt once for its completions: on a real rollout (3 prompts x 3, different
-    prompt and completion lengths) the logits at every real position and every parameter's gradient equal
-    a plain padded forward's."""
-    from rmkit.trainer.rollout import policy_logits, prompt_groups
+    """policy_logits runs each prompt once for its completions, groups packed to rows, the output layer at the
+    completions' positions only: on a real rollout (3 prompts x 3, different prompt and completion lengths)
+    the logits at every position of the continuation view and every parameter's gradient equal a plain padded
+    forward's at the same tokens, and batch_logprobs puts the completion tokens' log-probs back in place."""
+    from rmkit.trainer.rollout import (
+        batch_logprobs,
+        continuation_start,
+        policy_logits,
+        prompt_groups,
+        row_logprobs,
+    )
 
     cfg = _cfg(tiny_policy)
     model, tokenizer = load_training_policy(cfg.policy, torch.device("cpu"))
@@ -97,16 +104,27 @@ def test_completions_of_a_prompt_share_its_forward_and_match_the_plain_one(tiny_
     groups = prompt_groups(batch)
     assert [len(conts) for _, conts in groups] == [3, 3, 3]
     assert [prompt for prompt, _ in groups] == [p.ids for p in _prompts(tokenizer, 3)]
-    real = batch["attention_mask"].bool()
-    shared = policy_logits(model, batch, 0.7, "float32")
+    shared, view = policy_logits(model, batch, 0.7, "float32")
+    real = view["attention_mask"].bool()
+    width = batch["input_ids"].shape[1]
+    index = (continuation_start(batch)[:, None] + torch.arange(view["input_ids"].shape[1])).clamp(max=width - 1)
+    rows = torch.arange(len(index))[:, None]
+    assert torch.equal(view["input_ids"][real], batch["input_ids"][rows, index][real])
+    assert torch.equal(view["token_mask"].sum(1), batch["token_mask"].sum(1))
     (shared[real].square().mean()).backward()
     shared_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    plain = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits / 0.7
+    plain_full = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits / 0.7
+    plain = plain_full[rows, index]
     (plain[real].square().mean()).backward()
     torch.testing.assert_close(shared[real], plain[real], rtol=1e-5, atol=1e-5)
     for got, want in zip(shared_grads, (p.grad for p in model.parameters())):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    logprobs = batch_logprobs(model, batch, 4, 0.7, "float32")
+    completion = batch["token_mask"].bool()
+    torch.testing.assert_close(logprobs[completion], row_logprobs(plain_full, batch["input_ids"])[completion],
+                               rtol=1e-5, atol=1e-5)
+    assert not logprobs[~completion].any()
 
 
 def _run_steps(cfg, env, steps, generator_seed=0):
