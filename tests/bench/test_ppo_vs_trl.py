@@ -104,3 +104,11 @@ def test_smoke_run_end_to_end(shared_data, tmp_path):
     for run in payload["runs"]:  # both sides trained the same policy and saved it
         final = load_file(next(Path(run["model_dir"]).glob("*.safetensors")))
         assert final.keys() == initial.keys() and any(not torch.equal(final[k], initial[k]) for k in initial)
+    # rescore: the saved policies on more held-out prompts, paired against the initial one and each other
+    assert ppo_vs_trl.main(["rescore", str(out), "--eval-prompts", "3", "--data-dir", str(shared_data)]) == 0
+    rescored = json.loads(out.read_text())["held_out_reward_rescored"]
+    assert rescored["prompts"] == 3 and set(rescored["rewards"]) == {"initial", "trl", "rmkit"}
+    assert all(len(h["rewards"]) == 3 for h in rescored["rewards"].values())
+    assert set(rescored["paired_differences"]) == {"trl - initial", "rmkit - initial", "trl - rmkit"}
+    trl_minus_rmkit = [a - b for a, b in zip(rescored["rewards"]["trl"]["rewards"], rescored["rewards"]["rmkit"]["rewards"])]
+    assert rescored["paired_differences"]["trl - rmkit"]["mean"] == pytest.approx(sum(trl_minus_rmkit) / 3)
