@@ -11,12 +11,12 @@ within float rounding, while the prompt's tokens go through the model once inste
 Groups are then packed into rows (`pack_groups`): longest first, each into the first row with room, no row
 longer than the longest group, and no group sees another (the mask is block diagonal by group). Rows of
 mixed lengths (prompts of 40 to 450 tokens) would otherwise be padded to the longest: on the HH prompts of
-`benchmarks/ppo_vs_trl.py`, batches of 8 completions held 54% real tokens padded, against 80-95% packed.
+`benchmarks/ppo_vs_trl.py`, batches of 8 completions held 54% real tokens padded, against 82% packed.
 
 `shared_prefix_logits` returns the logits laid out as the unshared rows would give them (one row per
 continuation, `[prompt, cont_k]`, right-padded), so a caller swaps it in for a plain forward and changes
-nothing else; with `continuations_only` it returns only the rows `[last prompt token, cont_k]`
-(`continuation_index`), the positions whose logits predict a continuation token, and runs the model's
+nothing else; with `continuations_only` it returns only the rows `[last prompt token, cont_k]`, the
+positions whose logits predict a continuation token, and runs the model's
 output layer (the vocabulary projection) there only. The mask is a 4D `[B, 1, L, L]` mask, which
 transformers passes to attention unchanged. A decoder reward model reads each continuation's reward at its
 last token: `packed_inputs` and `continuation_ends` give what its forward takes and where to read
