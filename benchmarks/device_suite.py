@@ -2,10 +2,12 @@
 
     setup       the backbones, the device, and a big matmul in bf16 and fp32 (the measured peaks)
     profile     configs/rm.yaml's reward-model step in fp32 and bf16 under torch.profiler (rm_profile.py)
-    rm_minilm   reward model, MiniLM: TRL's RewardTrainer vs `rmkit train`, bf16 and fp32 (train_vs_trl.py)
+    rm_minilm   reward model, MiniLM: TRL's RewardTrainer vs `rmkit train`, bf16 (train_vs_trl.py), then rmkit with
+                compiled blocks (`policy.compile`, with and without CUDA graphs) and TRL with `torch_compile`
     dpo         DPO of SmolLM2-135M, bf16 (dpo_vs_trl.py)
     sft         SFT of SmolLM2-135M, bf16: TRL, rmkit, rmkit packed (sft_vs_trl.py)
-    rm_smollm2  reward model, the SmolLM2-135M decoder, bf16 (train_vs_trl.py --workload smollm2)
+    rm_smollm2  reward model, the SmolLM2-135M decoder, bf16 (train_vs_trl.py --workload smollm2), and the same
+                compiled variants
     grpo        GRPO of SmolLM2-135M against a MiniLM reward model, bf16 (grpo_vs_trl.py)
     score       scoring throughput against transformers' pipeline, bf16 (score_throughput.py)
 
@@ -192,39 +194,69 @@ def section_profile(args, results: dict) -> dict:
             "bf16_over_fp32": raw.get("bf16_over_fp32"), "raw": raw}
 
 
-def train_rm(args, results: dict, name: str, workload: str, precision: str) -> dict:
+# rmkit's compiled reward-model step (`policy.compile`), each variant one more rmkit run after the plain pair, and
+# TRL's own `torch_compile`: name -> train_vs_trl.py arguments.
+COMPILED = {
+    "rmkit_compiled_cuda_graphs": ["--sides", "rmkit", "--rmkit-override", "policy.compile=true",
+                                   "--rmkit-override", "policy.compile_mode=reduce-overhead"],
+    "rmkit_compiled": ["--sides", "rmkit", "--rmkit-override", "policy.compile=true"],
+    "trl_compiled": ["--sides", "trl", "--trl-compile"],
+}
+
+
+def train_rm(args, results: dict, name: str, workload: str, precision: str, variants=()) -> dict:
+    """TRL against rmkit on one reward-model workload, then each of `variants` (`COMPILED`'s names) in bf16, its
+    pairs/s over the plain TRL run's."""
     from benchmarks import train_vs_trl
 
     setup = results["setup"]
     backbone = setup["models"]["minilm" if workload == "minilm" else "smollm2_backbone"]
-    size = {"minilm": ("512", "256"), "smollm2": ("128", "32")}[workload]
+    size = {"minilm": ("1504", "256"), "smollm2": ("256", "64")}[workload]
     pairs, eval_pairs = ("16", "8") if args.tiny else size
-    argv = [*common_args(args, name), "--workload", workload, "--backbone", backbone, "--pairs", pairs,
-            "--eval-pairs", eval_pairs, "--eval-files", "hh_harmless_val.jsonl", "--precision", precision,
-            "--batch-size", "8" if args.tiny else "16", "--warmup-epochs", "1", "--data-dir", str(args.data_dir),
-            *(["--sides", "rmkit"] if setup.get("trl_import_error") else [])]
-    status = train_vs_trl.main(argv)
+    base = [*common_args(args, name), "--workload", workload, "--backbone", backbone, "--pairs", pairs,
+            "--eval-pairs", eval_pairs, "--eval-files", "hh_harmless_val.jsonl", "--batch-size", "8" if args.tiny else "16",
+            "--warmup-epochs", "1", "--data-dir", str(args.data_dir)]
+    status = train_vs_trl.main([*base, "--precision", precision,
+                                *(["--sides", "rmkit"] if setup.get("trl_import_error") else [])])
     raw = json.loads((args.work_dir / f"{name}.json").read_text())
     params = raw["workload"]["non_embedding_params"]
+
+    def numbers(r: dict) -> dict:
+        return {**{k: r.get(k) for k in ("pairs_per_s", "real_tokens_per_s", "embedded_per_real", "peak_gpu_mib",
+                                         "train_s", "accuracy/hh_harmless_val.jsonl")},
+                "mfu_vs_same_precision_matmul": r["mfu"], "mfu": mfu(6 * params * r["real_tokens_per_s"], setup)}
+
     summary = {}
     for prec, row in raw["summary"].items():
         summary[prec] = {"ratio_rmkit_over_trl": row.get("ratio_rmkit_over_trl")}
-        for side in ("trl", "rmkit"):
-            if side in row:
-                r = row[side]
-                summary[prec][side] = {
-                    **{k: r.get(k) for k in ("pairs_per_s", "real_tokens_per_s", "peak_gpu_mib", "train_s",
-                                             "accuracy/hh_harmless_val.jsonl")},
-                    "mfu_vs_same_precision_matmul": r["mfu"], "mfu": mfu(6 * params * r["real_tokens_per_s"], setup)}
-    return {"status": status, "summary": summary, "raw": raw}
+        summary[prec].update({side: numbers(row[side]) for side in ("trl", "rmkit") if side in row})
+    out = {"status": status, "summary": summary, "raw": raw, "variants": {}}
+    trl = summary.get("bf16", {}).get("trl", {}).get("pairs_per_s")
+    for variant in variants:
+        if variant.startswith("trl") and setup.get("trl_import_error"):
+            continue
+        argv = [*base, "--precision", "bf16", *COMPILED[variant], "--output", str(args.work_dir / f"{name}_{variant}.json")]
+        try:
+            variant_status = train_vs_trl.main(argv)
+            row = json.loads((args.work_dir / f"{name}_{variant}.json").read_text())["summary"]["bf16"]
+            got = numbers(next(iter(row.values())))
+            out["variants"][variant] = {"status": variant_status, **got,
+                                        "pairs_per_s_over_trl": got["pairs_per_s"] / trl if trl else None}
+        except BaseException as error:  # one variant failing (a compile error) leaves the others
+            if isinstance(error, KeyboardInterrupt):
+                raise
+            out["variants"][variant] = {"error": f"{type(error).__name__}: {error}"[-3000:],
+                                        "traceback": traceback.format_exc()[-3000:]}
+        print(f"{name} {variant}: {json.dumps(out['variants'][variant])[:400]}", flush=True)
+    return out
 
 
 def section_rm_minilm(args, results):
-    return train_rm(args, results, "rm_minilm", "minilm", "bf16,fp32")
+    return train_rm(args, results, "rm_minilm", "minilm", "bf16", COMPILED)
 
 
 def section_rm_smollm2(args, results):
-    return train_rm(args, results, "rm_smollm2", "smollm2", "bf16")
+    return train_rm(args, results, "rm_smollm2", "smollm2", "bf16", COMPILED)
 
 
 def section_dpo(args, results: dict) -> dict:

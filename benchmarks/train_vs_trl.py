@@ -101,6 +101,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--rmkit-src", type=Path, help="run the rmkit side from another checkout (before/after)"
     )
+    parser.add_argument("--trl-compile", action="store_true", help="TRL with torch_compile=True (TrainingArguments)")
     parser.add_argument(
         "--profile", action="store_true", help="torch.profiler top ops per run -> RUN/profile.txt"
     )
@@ -169,6 +170,7 @@ def train_trl(spec: dict) -> None:
         save_strategy="no",
         eval_strategy="no",
         disable_tqdm=True,
+        torch_compile=spec["trl_compile"],
     )
     trainer = RewardTrainer(model=model, args=config, train_dataset=dataset, processing_class=tokenizer)
     if len(trainer.train_dataset) != len(dataset):
@@ -311,6 +313,7 @@ def run_once(args, data: dict, side: str, precision: str, repeat: int) -> dict:
         "out_dir": str(out_dir / "run"),
         "model_out": str(out_dir / "model"),
         "rmkit_src": str(args.rmkit_src) if args.rmkit_src else None,
+        "trl_compile": args.trl_compile,
         "profile": args.profile,
     }
     result = harness.launch(__file__, spec, out_dir, args.device, f"{side} {precision} run")

@@ -223,7 +223,10 @@ class PolicyConfig:
     lora: LoraConfig = field(default_factory=LoraConfig)
     """LoRA adapters."""
     compile: bool = False
-    """Wrap the model in `torch.compile` (pays off on long runs; the first steps compile)."""
+    """torch.compile each transformer block (`rmkit.models.compiled`); the first steps compile. Reward models only."""
+    compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
+    """torch.compile's `mode` under `compile`; `reduce-overhead` also replays the blocks as CUDA graphs on a GPU
+    (rows padded to a multiple of 32 positions), for launch-bound steps: small models, small batches."""
     num_threads: int | None = None
     """torch intra-op threads; None: `RMKIT_NUM_THREADS` or `OMP_NUM_THREADS` or torch's default."""
     dtensor_cfg: DTensorConfig = field(default_factory=DTensorConfig)

@@ -87,7 +87,10 @@ def first_token_last_layer(model: PreTrainedModel) -> Iterator[bool]:
     if "forward" in vars(layer):  # already inside such a block
         yield True
         return
-    layer.forward = types.MethodType(_first_token_forward, layer)
+    # One bound method per layer, kept: a compiled block (`policy.compile`) guards on the forward it traced, and a
+    # new one every step would compile it again every step.
+    bound = layer.__dict__.setdefault("_rmkit_first_token_forward", types.MethodType(_first_token_forward, layer))
+    layer.forward = bound
     try:
         yield True
     finally:

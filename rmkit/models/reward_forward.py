@@ -16,6 +16,7 @@ import torch
 from rmkit.data.collate import pad_right
 from rmkit.data.tokenize import TokenizedPair
 from rmkit.distributed import is_sharded
+from rmkit.models import compiled
 from rmkit.models.shared_prefix import Group, continuation_ends, packed_inputs
 from rmkit.wrappers import unwrap_model
 
@@ -65,19 +66,32 @@ def chunk_rewards(reward_forward: torch.nn.Module, chunks: Sequence[dict]) -> to
 class ChunkedRewards(torch.nn.Module):
     """`forward(chunks, inverse) -> rewards [R, K]` of R token rows given as padded chunks: the module the
     loop calls and DDP wraps (DDP wants one forward call per backward, so the embedding lookup and every
-    chunk's forward happen inside this one call). `reward_forward` computes one chunk (a `RewardForward`,
-    compiled in place under `policy.compile`).
+    chunk's forward happen inside this one call). `reward_forward` computes one chunk (a `RewardForward`
+    whose blocks `policy.compile` compiles). With `cuda_graphs` (compiled blocks that replay CUDA graphs,
+    `rmkit.models.compiled`) every chunk is padded to a multiple of `CUDA_GRAPH_LENGTH_MULTIPLE` positions and
+    every forward begins a graph step.
     """
 
-    def __init__(self, reward_forward: torch.nn.Module):
+    def __init__(self, reward_forward: torch.nn.Module, cuda_graphs: bool = False):
         super().__init__()
         self.reward_forward = reward_forward
+        self.cuda_graphs = cuda_graphs
 
     def forward(self, chunks: Sequence[Chunk], inverse: torch.Tensor) -> torch.Tensor:
         """`chunks`: `(input_ids, attention_mask)` pairs `[n_i, S_i]`; `inverse` `[R]`: row r's position
         in the chunks' rows laid end to end (R = sum n_i). Returns rewards `[R, K]` in row order."""
+        if self.cuda_graphs:
+            compiled.begin_step()
+            chunks = [(_pad_length(ids), _pad_length(mask)) for ids, mask in chunks]
         inputs = [{"input_ids": input_ids, "attention_mask": attention_mask} for input_ids, attention_mask in chunks]
         return chunk_rewards(self.reward_forward, inputs)[inverse]
+
+
+def _pad_length(rows: torch.Tensor) -> torch.Tensor:
+    """`[n, S]` right-padded with zeros to `[n, S']`, S' the next multiple of `CUDA_GRAPH_LENGTH_MULTIPLE`: an
+    attention mask's padding, and token ids that mask hides (their embeddings get no gradient)."""
+    width = compiled.padded_length(rows.shape[1], compiled.CUDA_GRAPH_LENGTH_MULTIPLE)
+    return torch.nn.functional.pad(rows, (0, width - rows.shape[1]))
 
 
 class SharedPromptRewards(torch.nn.Module):
@@ -87,19 +101,24 @@ class SharedPromptRewards(torch.nn.Module):
     row `[prompt, continuation]` within float rounding. For decoder pairs it stands where `ChunkedRewards`
     stands for encoders: the module the loop calls and DDP wraps, and like it, it runs the rows sorted by
     length in chunks planned by `plan_row_chunks` (one chunk when `overhead_positions` is infinite), after
-    one embedding lookup for all of them. `reward_forward` is a `RewardForward` (compiled in place or not)."""
+    one embedding lookup for all of them. `reward_forward` is a `RewardForward` (its blocks compiled or not);
+    `cuda_graphs` as for `ChunkedRewards`."""
 
-    def __init__(self, reward_forward: torch.nn.Module, pad_token_id: int):
+    def __init__(self, reward_forward: torch.nn.Module, pad_token_id: int, cuda_graphs: bool = False):
         super().__init__()
         self.reward_forward = reward_forward
         self.pad_token_id = pad_token_id
+        self.cuda_graphs = cuda_graphs
 
     def forward(self, groups: Sequence[Group], overhead_positions: float = math.inf) -> torch.Tensor:
         chunks = planned_chunks([len(prompt) + sum(map(len, conts)) for prompt, conts in groups], overhead_positions)
+        multiple = compiled.CUDA_GRAPH_LENGTH_MULTIPLE if self.cuda_graphs else None
+        if self.cuda_graphs:
+            compiled.begin_step()
         inputs = []
         for chunk in chunks:
             members = [groups[i] for i in chunk]
-            x = packed_inputs(self.reward_forward.model, members, self.pad_token_id)
+            x = packed_inputs(self.reward_forward.model, members, self.pad_token_id, multiple)
             inputs.append({**x, "read_at": tuple(t.to(x["input_ids"].device, non_blocking=True)
                                                  for t in continuation_ends(members))})
         rewards = chunk_rewards(self.reward_forward, inputs)  # group by group in chunk order

@@ -54,13 +54,16 @@ def pack_groups(groups: Sequence[Group]) -> list[tuple[int, int]]:
     return places
 
 
-def _packed(groups: Sequence[Group], pad_token_id: int):
+def _packed(groups: Sequence[Group], pad_token_id: int, width_multiple: int | None = None):
     """`(input_ids, position_ids, segment, owner, places)`: `[B, L]` tensors of the packed rows and each group's
     `(row, offset)`. `segment` numbers the prompts and continuations of a row (-1 = padding); `owner` is, at
-    each position, the segment of its group's prompt (-1 = padding)."""
+    each position, the segment of its group's prompt (-1 = padding). L is the longest row, rounded up to a
+    multiple of `width_multiple` when given."""
     places = pack_groups(groups)
     rows = 1 + max(row for row, _ in places)
     width = max(offset + group_length(g) for g, (_, offset) in zip(groups, places))
+    if width_multiple:
+        width = -(-width // width_multiple) * width_multiple
     input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
     position_ids = torch.zeros((rows, width), dtype=torch.long)
     segment = torch.full((rows, width), -1, dtype=torch.long)
@@ -115,12 +118,14 @@ def _unshared_index(groups: Sequence[Group], places: Sequence[tuple[int, int]],
     return torch.tensor(rows, dtype=torch.long), index
 
 
-def packed_inputs(model: torch.nn.Module, groups: Sequence[Group], pad_token_id: int) -> dict[str, torch.Tensor]:
+def packed_inputs(model: torch.nn.Module, groups: Sequence[Group], pad_token_id: int,
+                  width_multiple: int | None = None) -> dict[str, torch.Tensor]:
     """`input_ids`, `attention_mask` (4D, in the form `model`'s attention takes) and `position_ids` of the packed
     rows, on `model`'s device: the keyword arguments of a transformers decoder's forward. `model` is a
-    transformers decoder or anything wrapping one (DDP, peft)."""
+    transformers decoder or anything wrapping one (DDP, peft). Rows are padded to a multiple of
+    `width_multiple` positions when given (few shapes, for CUDA graphs)."""
     device = next(model.parameters()).device
-    input_ids, position_ids, segment, owner, _ = _packed(groups, pad_token_id)
+    input_ids, position_ids, segment, owner, _ = _packed(groups, pad_token_id, width_multiple)
     mask = shared_prefix_mask(segment.to(device), owner.to(device))
     config = getattr(transformers_model(model), "config", None)  # under DDP the config is the inner model's
     if getattr(config, "_attn_implementation", "sdpa") != "sdpa":  # eager attention adds a float mask

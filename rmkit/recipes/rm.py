@@ -23,7 +23,7 @@ from rmkit.data.records import MISSING_LABEL
 from rmkit.data.tokenize import TokenizedExample, TokenizedPair
 from rmkit.inference import RewardScorer, contract_for
 from rmkit.losses import PreferenceLoss, RegressionLoss, regression_label_mask
-from rmkit.models import load_reward_model, load_tokenizer
+from rmkit.models import compiled, load_reward_model, load_tokenizer
 from rmkit.models.reward import ensure_pad_token, uses_last_token_pooling
 from rmkit.models.reward_forward import (
     ChunkedRewards,
@@ -122,11 +122,12 @@ def _to(batch: dict, device: torch.device) -> dict:
 def run_validation(cfg: Config, scorer: RewardScorer, data, logger: RunLogger, step: int):
     """Validate on every set, log `validation-<name>/<metric>`, return `(metrics, rewards)`."""
     max_items = cfg.rm.val_batches * cfg.rm.val_global_batch_size if cfg.rm.val_batches else None
-    if cfg.policy.reward_model_cfg.reward_model_type == "regression":
-        metrics, rewards = validate_regression(scorer, data.val, max_items)
-        rewards = {name: (r[:, 0], r[:0, 0]) for name, r in rewards.items()}
-    else:
-        metrics, rewards = validate(scorer, data.val, max_items)
+    with compiled.eager():  # compiled blocks (policy.compile) run as written: no compiling for a few passes
+        if cfg.policy.reward_model_cfg.reward_model_type == "regression":
+            metrics, rewards = validate_regression(scorer, data.val, max_items)
+            rewards = {name: (r[:, 0], r[:0, 0]) for name, r in rewards.items()}
+        else:
+            metrics, rewards = validate(scorer, data.val, max_items)
     logger.log(metrics, step)
     return metrics, rewards
 
@@ -145,13 +146,14 @@ def train(cfg: Config) -> RunResult:
                           precision=cfg.policy.precision)
     forward = RewardForward(model)
     if cfg.policy.compile:
-        forward.compile(dynamic=True)  # in place: parameter names (and checkpoints) are unchanged
+        compiled.compile_blocks(model, cfg.policy.compile_mode)  # in place: parameter names (and checkpoints) are unchanged
+    cuda_graphs = compiled.uses_cuda_graphs(cfg.policy.compile, cfg.policy.compile_mode, device)
     # A decoder's pairs run as one row each, their shared prompt computed once; encoders (and regression
     # rows, which have no partner) in length-planned chunks of padded rows.
     if uses_last_token_pooling(reader) and cfg.policy.reward_model_cfg.reward_model_type == "bradley_terry":
-        forward = SharedPromptRewards(forward, tokenizer.pad_token_id)
+        forward = SharedPromptRewards(forward, tokenizer.pad_token_id, cuda_graphs)
     else:
-        forward = ChunkedRewards(forward)
+        forward = ChunkedRewards(forward, cuda_graphs)
     if cfg.policy.dtensor_cfg.enabled:  # FSDP2 under torchrun: shard the model in place (gradients summed)
         shard_reward_model(model, cfg.policy, run.info)
     else:  # DDP under torchrun (gradients summed over ranks) wraps the whole chunked reward computation

@@ -29,8 +29,9 @@ run() {
     local args=(--device "$DEVICE" --threads "${BENCH_THREADS:-8}" --data-dir .devcheck/data
                 --work-dir "${BENCH_WORK:-/tmp/rmkit-device-suite}" --output "$OUT/results.json")
     [ "${BENCH_TINY:-0}" = 1 ] && args+=(--tiny)
-    # section:seconds, in the order of importance; a section gets what is left of the budget at most.
-    for entry in setup:45 profile:70 rm_minilm:90 dpo:60 sft:60 rm_smollm2:50 grpo:70 score:40; do
+    # section:seconds, in the order of importance (BENCH_SECTIONS, default below); a section gets what is left of
+    # the budget at most.
+    for entry in ${BENCH_SECTIONS:-setup:45 rm_minilm:240 rm_smollm2:200 score:40 profile:70 dpo:60 sft:60 grpo:70}; do
         local name=${entry%%:*} limit=$((${entry##*:} * ${BENCH_LIMIT_SCALE:-1})) left=$((BUDGET - SECONDS))
         if [ "$left" -lt 20 ]; then echo "section $name: skipped, ${left} s of the budget left"; continue; fi
         [ "$left" -lt "$limit" ] && limit=$left
