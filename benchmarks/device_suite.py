@@ -6,7 +6,7 @@
                 compiled blocks (`policy.compile`, with and without CUDA graphs) and TRL with `torch_compile`
     dpo         DPO of SmolLM2-135M, bf16 (dpo_vs_trl.py)
     sft         SFT of SmolLM2-135M, bf16: TRL, rmkit, rmkit packed (sft_vs_trl.py)
-    rm_smollm2  reward model, the SmolLM2-135M decoder, bf16 (train_vs_trl.py --workload smollm2), and the same
+    rm_smollm2  reward model, the SmolLM2-135M decoder, bf16 (train_vs_trl.py --workload smollm2), and rmkit's
                 compiled variants
     grpo        GRPO of SmolLM2-135M against a MiniLM reward model, bf16 (grpo_vs_trl.py)
     score       scoring throughput against transformers' pipeline, bf16 (score_throughput.py)
@@ -256,7 +256,7 @@ def section_rm_minilm(args, results):
 
 
 def section_rm_smollm2(args, results):
-    return train_rm(args, results, "rm_smollm2", "smollm2", "bf16", COMPILED)
+    return train_rm(args, results, "rm_smollm2", "smollm2", "bf16", ("rmkit_compiled_cuda_graphs", "rmkit_compiled"))
 
 
 def section_dpo(args, results: dict) -> dict:
