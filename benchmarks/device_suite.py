@@ -63,6 +63,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--peak-tflops", type=float, help="the card's dense bf16 peak (default: from its name)")
     parser.add_argument("--smollm2-config", type=Path, help=f"SmolLM2's config.json (default: {DEFAULT_SMOLLM2_CONFIG} "
                         "if present, else read from the packaged GGUF)")
+    parser.add_argument("--variants", default=",".join(COMPILED),
+                        help=f"the reward-model sections' compiled runs, comma list of {', '.join(COMPILED)} ('' = none)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--record-timeout", metavar="SECTION:SECONDS",
                         help="only note in --output that SECTION was stopped after SECONDS (bench.sh's timeout)")
@@ -73,6 +75,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.section = [s for s in args.section.split(",") if s]
     if not set(args.section) <= set(SECTIONS):
         parser.error(f"--section takes {', '.join(SECTIONS)}")
+    args.variants = [v for v in args.variants.split(",") if v]
+    if not set(args.variants) <= set(COMPILED):
+        parser.error(f"--variants takes {', '.join(COMPILED)}")
     if args.weights == "real" and args.tiny:
         parser.error("--tiny builds its own small backbones: use it with --weights random")
     return args
@@ -232,7 +237,7 @@ def train_rm(args, results: dict, name: str, workload: str, precision: str, vari
         summary[prec].update({side: numbers(row[side]) for side in ("trl", "rmkit") if side in row})
     out = {"status": status, "summary": summary, "raw": raw, "variants": {}}
     trl = summary.get("bf16", {}).get("trl", {}).get("pairs_per_s")
-    for variant in variants:
+    for variant in (v for v in variants if v in args.variants):
         if variant.startswith("trl") and setup.get("trl_import_error"):
             continue
         argv = [*base, "--precision", "bf16", *COMPILED[variant], "--output", str(args.work_dir / f"{name}_{variant}.json")]
@@ -248,6 +253,8 @@ def train_rm(args, results: dict, name: str, workload: str, precision: str, vari
             out["variants"][variant] = {"error": f"{type(error).__name__}: {error}"[-3000:],
                                         "traceback": traceback.format_exc()[-3000:]}
         print(f"{name} {variant}: {json.dumps(out['variants'][variant])[:400]}", flush=True)
+        # Kept as it comes: a section stopped by its time limit (bench.sh) keeps the variants it finished.
+        common.write_json(args.output, {**json.loads(args.output.read_text()), name: {**out, "partial": True}})
     return out
 
 
@@ -364,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.record_timeout:
         name, seconds = args.record_timeout.split(":")
         results = json.loads(args.output.read_text()) if args.output.is_file() else {}
-        results[name] = {"error": f"timeout: stopped after {seconds} s"}
+        results[name] = {**results.get(name, {}), "error": f"timeout: stopped after {seconds} s"}  # what it kept
         common.write_json(args.output, results)
         return 0
     failed = [name for name in args.section if not run_section(args, name)]

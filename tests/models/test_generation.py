@@ -54,18 +54,15 @@ def test_plain_prompt_without_a_chat_template(tiny_policy):
     assert tokenizer.decode(render_prompt(tokenizer, "Hi")).endswith("User: Hi\nAssistant:")
 
 
-def test_a_repeated_prompt_is_computed_once_and_every_row_still_matches_a_forward(tiny_policy):
-    model, tokenizer = load_policy_model(tiny_policy)
-    short, long = render_prompt(tokenizer, "Hi"), render_prompt(tokenizer, "Tell me three things about rivers.")
-    prompts = [long, long, short, short, long]  # two distinct prompts, left-padded, interleaved
+def _check_prompt_forwards(model, tokenizer, prompts) -> list[tuple[int, ...]]:
+    """Generate greedily and sampled from `prompts`: every greedy row equals an argmax loop and every sampled
+    row's log-probs a teacher-forced forward. Returns the shapes the embeddings saw in the greedy run."""
     embedded = []
     hook = model.get_input_embeddings().register_forward_hook(lambda m, args, out: embedded.append(tuple(args[0].shape)))
     try:
         greedy = generate_completions(model, tokenizer, prompts, SamplingParams(max_new_tokens=4, temperature=0))
     finally:
         hook.remove()
-    assert embedded[0] == (2, len(long) - 1)  # the prompts' forward: each distinct prompt once
-    assert embedded[1] == (5, 1)  # then every row goes on from the shared cache with its prompt's last token
     for prompt, ids in zip(prompts, greedy.ids):
         assert ids == _argmax_loop(model, prompt, 4, tokenizer.eos_token_id)
     params = SamplingParams(max_new_tokens=5, temperature=0.7)
@@ -75,6 +72,27 @@ def test_a_repeated_prompt_is_computed_once_and_every_row_still_matches_a_forwar
             logits = model(input_ids=torch.tensor([prompt + ids])).logits[0, len(prompt) - 1:-1] / 0.7
         expected = torch.log_softmax(logits, -1).gather(-1, torch.tensor(ids)[:, None]).squeeze(-1)
         torch.testing.assert_close(logprobs, expected, rtol=1e-4, atol=1e-4)
+    return embedded
+
+
+def test_a_repeated_prompt_is_computed_once_and_every_row_still_matches_a_forward(tiny_policy):
+    model, tokenizer = load_policy_model(tiny_policy)
+    short, long = render_prompt(tokenizer, "Hi"), render_prompt(tokenizer, "Tell me three things about rivers.")
+    prompts = [long, long, short, short, long]  # two distinct prompts, left-padded, interleaved
+    embedded = _check_prompt_forwards(model, tokenizer, prompts)
+    assert embedded[0] == (2, len(long) - 1)  # the prompts' forward: each distinct prompt once
+    assert embedded[1] == (5, 1)  # then every row goes on from the shared cache with its prompt's last token
+
+
+def test_prompts_of_unlike_lengths_are_computed_in_chunks_and_every_row_still_matches_a_forward(tiny_policy):
+    model, tokenizer = load_policy_model(tiny_policy)
+    long = render_prompt(tokenizer, "Tell me about rivers, lakes and seas. " * 12)
+    short = [render_prompt(tokenizer, text) for text in ("Hi", "Name a colour.", "Hi")]
+    prompts = [short[0], long, short[1], short[2]]  # a repeated prompt, and one far longer than the rest
+    embedded = _check_prompt_forwards(model, tokenizer, prompts)
+    # the long prompt alone, then the two distinct short ones padded to the longer of them, not to the long one
+    assert embedded[:2] == [(1, len(long) - 1), (2, max(map(len, short)) - 1)]
+    assert embedded[2] == (4, 1)  # then every row goes on from the assembled cache with its prompt's last token
 
 
 def test_non_finite_logits_stop_generation_with_training_diverged(tiny_policy):
