@@ -102,6 +102,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--sides", default="trl,rmkit", help="comma list of trl, rmkit (run in this order)")
     parser.add_argument("--trl-python", type=Path, default=TRL_PYTHON, help="the TRL 1.12.0 environment's python")
+    parser.add_argument("--trl-from", type=Path, metavar="RESULTS.json",
+                        help="take the TRL run (its numbers and saved policy) from an earlier results file with the "
+                             "same settings instead of running it again; with --sides rmkit")
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rmkit-bench-ppo"))
     parser.add_argument("--output", type=Path, help="results JSON (default: benchmarks/results/ppo_vs_trl.json, "
@@ -110,6 +113,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.set_defaults(**SMOKE)
     args = parser.parse_args(argv)
     args.sides = [s for s in args.sides.split(",") if s]
+    if args.trl_from and args.sides != ["rmkit"]:
+        parser.error("--trl-from takes the TRL run from the earlier file: use it with --sides rmkit")
     if not set(args.sides) <= set(SIDES):
         parser.error("--sides takes trl,rmkit")
     if not args.smoke and args.reward_model is None:
@@ -434,6 +439,20 @@ def rescore(argv: list[str]) -> None:
         print(f"{name}: {d['mean']:+.4f} (SE {d['se']:.4f})")
 
 
+def earlier_trl_run(args: argparse.Namespace) -> dict:
+    """The TRL run and its held-out reward from `--trl-from`, whose settings must equal this run's."""
+    earlier = json.loads(args.trl_from.read_text())
+    wanted = {**settings(args), "policy": "tiny random Llama (--smoke)" if args.smoke else args.policy,
+              "held_out_prompts": args.eval_prompts}
+    differ = sorted(k for k, v in wanted.items() if earlier["settings"].get(k) != v)
+    if differ:
+        raise SystemExit(f"--trl-from {args.trl_from}: its settings differ in {', '.join(differ)}; run both sides")
+    run = next((r for r in earlier["runs"] if r["side"] == "trl"), None)
+    if run is None or not Path(run["model_dir"]).is_dir():
+        raise SystemExit(f"--trl-from {args.trl_from}: no TRL run with its saved policy in it; run both sides")
+    return {"run": run, "held_out_reward": earlier["held_out_reward"].get("trl")}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if harness.subcommand(argv, "ppo_vs_trl.py", worker, markdown_table):
@@ -445,11 +464,16 @@ def main(argv: list[str] | None = None) -> int:
     info = common.machine_info()
     data = prepare(args)
     runs = [run_side(args, data, side) for side in args.sides]
+    earlier = earlier_trl_run(args) if args.trl_from else None
+    runs = ([earlier["run"]] if earlier else []) + runs
     held = {}
     if data["held_out"]:
         from benchmarks.grpo_vs_trl import held_out_reward
 
         for name, directory in [("initial", data["policy_dir"]), *[(r["side"], r["model_dir"]) for r in runs]]:
+            if earlier and name == "trl":  # scored by the earlier run, on the same held-out prompts
+                held[name] = earlier["held_out_reward"]
+                continue
             held[name] = held_out_reward(directory, data["reward_model"], data["held_out"], args.max_new_tokens)
             print(f"held-out reward {name}: {held[name]['mean']:.4f} ± {held[name]['std']:.4f}", flush=True)
     spec = {**settings(args), "policy_dir": data["policy_dir"], "reward_model": data["reward_model"],
@@ -472,6 +496,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "advantages, the PPO epochs and logging; not model loading, tokenization or saving",
         "runs": runs,
         "held_out_reward": held,
+        **({"trl_from": f"{args.trl_from}: the TRL run and its held-out reward, taken from this earlier run with "
+                        "the same settings"} if earlier else {}),
     }
     by_side = {r["side"]: r for r in runs}
     if len(by_side) == 2:

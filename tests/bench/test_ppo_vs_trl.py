@@ -39,6 +39,24 @@ def test_command_line_checks_and_smoke_defaults(capsys):
     assert real.output.parts[-3:] == ("benchmarks", "results", "ppo_vs_trl.json")
 
 
+def test_an_earlier_trl_run_is_taken_only_with_the_same_settings(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        args("--reward-model", "rm", "--trl-from", "earlier.json")  # both sides asked for
+    assert "use it with --sides rmkit" in capsys.readouterr().err
+    model = tmp_path / "trl_model"
+    model.mkdir()
+    a = args("--reward-model", "rm", "--sides", "rmkit", "--trl-from", str(tmp_path / "earlier.json"))
+    run = {"side": "trl", "model_dir": str(model), "steps_per_s": 0.005}
+    earlier = {"settings": {**ppo_vs_trl.settings(a), "policy": a.policy, "held_out_prompts": a.eval_prompts},
+               "runs": [run], "held_out_reward": {"trl": {"mean": -1.4}}}
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    assert ppo_vs_trl.earlier_trl_run(a) == {"run": run, "held_out_reward": {"mean": -1.4}}
+    earlier["settings"]["lr"] = 1e-5
+    (tmp_path / "earlier.json").write_text(json.dumps(earlier))
+    with pytest.raises(SystemExit, match="settings differ in lr"):
+        ppo_vs_trl.earlier_trl_run(a)
+
+
 def test_both_configs_carry_the_same_settings(tmp_path):
     a = args("--reward-model", "rm", "--prompts", "12", "--minibatches", "3", "--ppo-epochs", "4", "--steps", "5",
              "--lr", "2e-6", "--kl-coef", "0.07", "--temperature", "0.8", "--gae-lambda", "0.9", "--gamma", "0.99",
