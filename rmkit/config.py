@@ -22,6 +22,7 @@ import yaml
 from rmkit.errors import ConfigError
 
 Precision = Literal["float32", "bfloat16"]
+CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"]  # torch.compile's modes rmkit takes
 
 
 @dataclass
@@ -224,7 +225,7 @@ class PolicyConfig:
     """LoRA adapters."""
     compile: bool = False
     """torch.compile each transformer block (`rmkit.models.compiled`); the first steps compile. Reward models only."""
-    compile_mode: Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"] = "default"
+    compile_mode: CompileMode = "default"
     """torch.compile's `mode` under `compile`; `reduce-overhead` also replays the blocks as CUDA graphs on a GPU
     (rows padded to a multiple of 32 positions), for launch-bound steps: small models, small batches."""
     num_threads: int | None = None

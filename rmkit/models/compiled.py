@@ -20,14 +20,16 @@ or record again for a few passes.
 from __future__ import annotations
 
 import contextlib
+from typing import get_args
 
 import torch
 
+from rmkit.config import CompileMode
 from rmkit.errors import ConfigError
 from rmkit.models.setup import transformer_layers
 from rmkit.wrappers import transformers_model
 
-MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
+MODES = get_args(CompileMode)  # `policy.compile_mode`'s values, as the config checks them
 CUDA_GRAPH_MODES = ("reduce-overhead",)
 # Positions a row is padded to a multiple of when blocks replay CUDA graphs: at 256 tokens, 8 shapes per row
 # count, each recorded once, for at most 31 padded positions a row.

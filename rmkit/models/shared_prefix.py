@@ -31,6 +31,7 @@ from contextlib import contextmanager
 import torch
 
 from rmkit.data.packing import plan_packs
+from rmkit.models.compiled import padded_length
 from rmkit.wrappers import transformers_model
 
 Group = tuple[Sequence[int], Sequence[Sequence[int]]]  # (prompt ids, [continuation ids, ...])
@@ -62,8 +63,7 @@ def _packed(groups: Sequence[Group], pad_token_id: int, width_multiple: int | No
     places = pack_groups(groups)
     rows = 1 + max(row for row, _ in places)
     width = max(offset + group_length(g) for g, (_, offset) in zip(groups, places))
-    if width_multiple:
-        width = -(-width // width_multiple) * width_multiple
+    width = padded_length(width, width_multiple)
     input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
     position_ids = torch.zeros((rows, width), dtype=torch.long)
     segment = torch.full((rows, width), -1, dtype=torch.long)
