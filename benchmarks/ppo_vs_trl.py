@@ -12,7 +12,8 @@ classifier, rmkit's critic defaults to it, and the run checks its "rmkit: critic
 (the first `--prompts x --steps` prompts of hh_harmless_train.jsonl that leave room for the completion, rendered
 with the policy's chat template by rmkit's `render_prompt`: TRL gets those token ids, rmkit the messages it renders
 the same way), one completion per prompt (TRL's PPO samples one), `--max-new-tokens`, temperature (top-p 1, no
-top-k), stopping at EOS, `--ppo-epochs` passes over each rollout in `--minibatches` shuffled optimizer steps of
+top-k), stopping at EOS, the old log-probs taken from the sampler (TRL from the generation's scores, rmkit with
+`ppo.prev_logprobs_from_generation`), `--ppo-epochs` passes over each rollout in `--minibatches` shuffled optimizer steps of
 one micro-batch each, AdamW over policy and critic (one lr, betas (0.9, 0.999), eps 1e-8, no weight decay, no
 gradient clipping: TRL's PPOTrainer clips nothing), constant schedule, the PPO ratio clipped at 0.2, the critic's
 value loss `vf_coef * 0.5 * mean(max((V - R)^2, (clip(V, V_old +- cliprange_value) - R)^2))` over the tokens,
@@ -30,7 +31,6 @@ that environment (`rmkit_scorer`). TRL's own path would read the raw ids ending 
 newline after it where a SmolLM2 reward model was trained to read. The critic's values are TRL's own `get_reward`.
 
 Known differences, each side as it ships:
-- old log-probs: TRL takes them from the generation's scores; rmkit recomputes them in a forward pass;
 - TRL adds the score one position after the completion's last token, rmkit at the last token;
 - padding: SmolLM2 pads with EOS, which its chat template also uses to end each turn, and TRL masks every pad id
   out of attention and ends a completion at its first pad: TRL's side pads with the unknown token instead;
@@ -41,7 +41,8 @@ Timed per PPO step (one rollout and its epochs) by the harness clock (`benchmark
 on both sides (every word-embedding table, the optimizer-step hook, wrapped module attributes: TRL's
 `batch_generation`, `get_reward`, `forward`; rmkit's `generate_rollout`, `score_rollout`, `batch_values`,
 `batch_logprobs`): generation; reward_calculation (the reward model); values (the critic at the rollout); logprobs
-(the reference's pass, and rmkit's old-policy pass); training (the PPO epochs' forwards, backwards and steps);
+(the reference's pass; in results whose rmkit config lacks `prev_logprobs_from_generation`, also rmkit's
+old-policy pass); training (the PPO epochs' forwards, backwards and steps);
 total (from the end of the previous step, the first: from its generation's start, to the end of its last
 optimizer step). Steps/s = PPO steps / the sum of the totals: model loading, prompt tokenization and the final
 save fall outside. Then the held-out reward: one greedy completion per held-out prompt (the first `--eval-prompts`
@@ -158,7 +159,7 @@ def rmkit_config(spec: dict) -> dict:
                 "adv_estimator": {"name": "gae", "gae_lambda": spec["gae_lambda"], "gae_gamma": spec["gamma"],
                                   "normalize_advantages": True},
                 "kl_target": None, "val_period": 0, "val_at_start": False, "val_at_end": False,
-                "seed": spec["seed"], "log_period": 1},
+                "prev_logprobs_from_generation": True, "seed": spec["seed"], "log_period": 1},
         "loss_fn": {"reference_policy_kl_penalty": spec["kl_coef"], "reference_policy_kl_type": "k1",
                     "use_kl_in_reward": True, "ratio_clip_min": spec["cliprange"],
                     "ratio_clip_max": spec["cliprange"], "token_level_loss": True},

@@ -232,6 +232,13 @@ class RLLoopConfig(LoopConfig):
     kl_runaway_factor: float = 3.0
     """Warn when the step's KL to the reference exceeds this many times `kl_target` (or, without a target, when
     it exceeds 1.0 nats per token); 0: never."""
+    prev_logprobs_from_generation: bool = False
+    """Take the log-probs of the policy before the update (`prev_logprobs`) from the sampler instead of a
+    forward pass of their own (TRL's and OpenRLHF's way; NeMo RL always runs the pass). Saves one forward over
+    the rollout when the update needs them first (several optimizer steps per rollout, or the KL in the
+    reward). Equal up to rounding in float32; in bf16, or with a sampler other than this policy's forward, the
+    first update's ratio is off 1 by the sampler's error, which `train/token_mult_prob_error` then no longer
+    shows (it reads 1)."""
 
     def __post_init__(self):
         super().__post_init__()
@@ -428,6 +435,9 @@ class PPOLoopConfig(RLLoopConfig):
         _check(self.policy_training_start_step >= 0, "ppo.policy_training_start_step", "must be >= 0")
         threshold = self.seq_logprob_error_threshold
         _check(threshold is None or threshold >= 1, "ppo.seq_logprob_error_threshold", "must be >= 1 or null")
+        _check(threshold is None or not self.prev_logprobs_from_generation, "ppo.seq_logprob_error_threshold",
+               "compares the sampler's log-probs with the trainer's, which ppo.prev_logprobs_from_generation makes "
+               "the same numbers; set one of them to null / false")
 
 
 @dataclass

@@ -9,7 +9,8 @@ export. One step, as NeMo RL's `grpo_train` does it:
 4. `prev_logprobs` (the policy before the update) and, with `reference_policy_kl_penalty > 0`, the
    reference's (the initial weights: a frozen copy, or the base model with the LoRA adapters disabled).
    With one optimizer step per rollout the policy that generated is the one being trained, so
-   `prev_logprobs` are taken from the training forward itself (detached) instead of a pass of their own;
+   `prev_logprobs` are taken from the training forward itself (detached) instead of a pass of their own
+   (otherwise a pass of their own, or the sampler's with `grpo.prev_logprobs_from_generation`);
 5. the update: `ClippedPGLossFn` over micro-batches with global-count normalization, one optimizer step per
    `train_global_batch_size` completions (several per rollout: then the ratio and clipping matter).
 """
@@ -167,8 +168,8 @@ def grpo_step(cfg, state, trained, tokenizer, env, reference, loss_fn, prompts, 
     timing["reward_calculation"], t0 = time.perf_counter() - t0, time.perf_counter()
     batch = training_batch(rollout, tokenizer.pad_token_id)
     if needs_prev_logprobs_pass(cfg, len(batch["input_ids"])):  # else update_policy takes them on the way
-        batch["prev_logprobs"] = batch_logprobs(model, batch, policy.train_micro_batch_size,
-                                                params.temperature, policy.precision)
+        batch["prev_logprobs"] = batch["generation_logprobs"] if cfg.grpo.prev_logprobs_from_generation else \
+            batch_logprobs(model, batch, policy.train_micro_batch_size, params.temperature, policy.precision)
     if reference is not None:
         with reference() as ref_model:
             batch["reference_policy_logprobs"] = batch_logprobs(model if ref_model is None else ref_model, batch,

@@ -5,8 +5,9 @@ export. One step, as NeMo RL's `ppo_train` does it:
    times from a seeded `torch.Generator` (saved in checkpoints);
 2. rewards from `RewardModelEnvironment` (read at each completion's last token), then `ppo.reward_scaling`
    and `ppo.reward_shaping`;
-3. the critic's values at every token, the policy's log-probs before the update (`prev_logprobs`) and, with a
-   KL term, the reference's (the initial weights);
+3. the critic's values at every token, the policy's log-probs before the update (`prev_logprobs`: a forward
+   pass, or the sampler's with `ppo.prev_logprobs_from_generation`) and, with a KL term, the reference's (the
+   initial weights);
 4. GAE (`rmkit.losses.value.gae_advantages`): the reward at the last token, minus the KL per token when
    `loss_fn.use_kl_in_reward` (else the KL is in the loss), advantages whitened over all ranks' tokens and the
    critic's returns;
@@ -267,8 +268,11 @@ def ppo_step(cfg, critic_cfg, state, models: Models, tokenizer, env, loss_fn, va
     batch = training_batch(rollout, tokenizer.pad_token_id)
     batch["values"] = batch_values(models, batch, critic_cfg)
     timing["value_inference"], t0 = time.perf_counter() - t0, time.perf_counter()
-    batch["prev_logprobs"] = batch_logprobs(models.policy, batch, policy_cfg.train_micro_batch_size,
-                                            params.temperature, policy_cfg.precision)
+    if cfg.ppo.prev_logprobs_from_generation:
+        batch["prev_logprobs"] = batch["generation_logprobs"]
+    else:
+        batch["prev_logprobs"] = batch_logprobs(models.policy, batch, policy_cfg.train_micro_batch_size,
+                                                params.temperature, policy_cfg.precision)
     if models.reference is not None:
         with models.reference() as ref_model:
             batch["reference_policy_logprobs"] = batch_logprobs(

@@ -230,3 +230,20 @@ def test_kl_in_the_reward_before_the_leave_one_out_baseline(tiny_policy):
     expected += [penalized[i] - (sum(penalized[j] for j in (2, 3) if j != i)) for i in (2, 3)]
     adv = compute_advantages(cfg, rewards, torch.tensor([0, 0, 1, 1]), batch, 0.1)
     torch.testing.assert_close(adv, torch.tensor(expected))
+
+
+def test_prev_logprobs_from_the_sampler_when_the_advantages_need_them_first(tiny_policy, monkeypatch):
+    """Reinforce++ with the KL in the reward needs `prev_logprobs` before the update: with
+    `grpo.prev_logprobs_from_generation` they are the sampler's (only the reference's pass runs), and in
+    float32 the step ends with the weights that the pass of their own gives."""
+    overrides = ("grpo.adv_estimator.name=reinforce_plus_plus", "loss_fn.use_kl_in_reward=true",
+                 "policy.optimizer.lr=1e-3")
+    passes, real = [], grpo.batch_logprobs
+    monkeypatch.setattr(grpo, "batch_logprobs", lambda *a, **k: passes.append(1) or real(*a, **k))
+    sampled, _, [metrics] = _run_steps(_cfg(tiny_policy, *overrides, "grpo.prev_logprobs_from_generation=true"),
+                                       lambda tok: TokenReward(tok, "a"), 1)
+    assert len(passes) == 1 and metrics["train/token_mult_prob_error"] == 1.0
+    computed, _, _ = _run_steps(_cfg(tiny_policy, *overrides), lambda tok: TokenReward(tok, "a"), 1)
+    assert len(passes) == 3
+    for got, want in zip(sampled.parameters(), computed.parameters()):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)

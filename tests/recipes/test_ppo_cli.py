@@ -139,3 +139,38 @@ def test_reward_server_down_stops_with_a_clear_message(tiny_policy, prompt_files
     err = capsys.readouterr().err
     assert "the policy's weights with a fresh value head (the reward model is a server)" in err
     assert "http://127.0.0.1:9" in err and "rmkit ppo: stopped:" in err
+
+
+@pytest.mark.slow  # ~20 s: two runs
+def test_prev_logprobs_from_the_sampler_skip_their_pass_and_change_nothing_else(tiny_policy, tiny_reward_model,
+                                                                                 prompt_files, tmp_path, monkeypatch):
+    """`ppo.prev_logprobs_from_generation`: one log-prob pass a step (the reference's) instead of two, and in
+    float32 the same run as with the pass, the KL in the reward included."""
+    from rmkit.recipes import ppo
+
+    train, val = prompt_files
+    passes, real = [], ppo.batch_logprobs
+    monkeypatch.setattr(ppo, "batch_logprobs", lambda *a, **k: passes.append(1) or real(*a, **k))
+    runs = {}
+    for from_generation in (False, True):
+        out, passes[:] = tmp_path / f"gen{from_generation}", []
+        args = ppo_overrides(tiny_policy, tiny_reward_model, train, val, out, steps=2)
+        assert cli.main(["ppo", *args, f"ppo.prev_logprobs_from_generation={str(from_generation).lower()}",
+                         "loss_fn.use_kl_in_reward=true", "ppo.val_at_start=false", "logger.plots=false"]) == 0
+        assert len(passes) == (2 if from_generation else 4)  # 2 steps x (reference [+ prev])
+        runs[from_generation] = load_file(out / "final" / "model.safetensors")
+        record = next(r for r in _records(out) if "train/reward" in r)
+        if from_generation:
+            assert record["train/mean_seq_mult_prob_error"] == 1.0
+    for key, value in runs[False].items():
+        torch.testing.assert_close(runs[True][key], value, rtol=0, atol=2e-5)
+
+
+def test_prev_logprobs_from_the_sampler_leave_no_error_to_threshold(tiny_policy, tiny_reward_model, prompt_files,
+                                                                    tmp_path, capsys):
+    train, val = prompt_files
+    base = ppo_overrides(tiny_policy, tiny_reward_model, train, val, tmp_path / "run")
+    assert cli.main(["ppo", *base, "ppo.prev_logprobs_from_generation=true",
+                     "ppo.seq_logprob_error_threshold=2"]) == 2
+    err = capsys.readouterr().err
+    assert "ppo.seq_logprob_error_threshold" in err and "prev_logprobs_from_generation" in err
