@@ -14,6 +14,8 @@ over step 0 in units of step 0's std; PPO's critic loss and explained variance a
 and the figure's path. Each run is a fresh `python -m rmkit` process, one after the other.
 
     python benchmarks/ppo_vs_grpo.py --reward-model results/rm_smollm2/final --steps 12
+    python benchmarks/ppo_vs_grpo.py ... --recipes grpo --merge PPO_RUN.json   # rerun one side, keep the other
+    python benchmarks/ppo_vs_grpo.py ... --recipes '' --merge PPO_RUN.json --merge GRPO_RUN.json   # join two runs
 """
 
 from __future__ import annotations
@@ -56,7 +58,42 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         help="one more override for one recipe, e.g. ppo:ppo.kl_target=0.05 (repeatable)")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rmkit-ppo-vs-grpo"))
     parser.add_argument("--output", type=Path, default=REPO / "benchmarks" / "results" / "ppo_vs_grpo.json")
+    parser.add_argument("--merge", type=Path, action="append", default=[], metavar="RESULTS.json",
+                        help="take the recipes this run leaves out of --recipes (which may be empty) from an earlier "
+                             "results file whose shared settings are the same, checked key by key (repeatable)")
     return parser.parse_args(argv)
+
+
+SHARED_SETTINGS = ("reward_model", "policy", "train_data", "val_data", "steps", "prompts", "generations",
+                   "max_new_tokens", "val_period", "val_samples", "lr", "kl", "threads")
+
+
+def earlier_results(args: argparse.Namespace) -> dict:
+    """The recipes of the `--merge` files that this run does not run, after checking that the settings both
+    recipes share are this run's (each recipe's own command, with its own keys, stays in its result)."""
+    ran, taken = set(recipes(args)), {}
+    for path in args.merge:
+        try:
+            earlier = json.loads(path.read_text(encoding="utf-8"))
+            settings, results = earlier["settings"], earlier["results"]
+        except (OSError, ValueError, KeyError) as err:
+            raise SystemExit(f"--merge {path}: not a ppo_vs_grpo.py results file ({err})") from None
+        for key in SHARED_SETTINGS:
+            if settings.get(key) != str(getattr(args, key)):
+                raise SystemExit(f"--merge {path}: its {key} is {settings.get(key)!r}, this run's "
+                                 f"{str(getattr(args, key))!r}; the curves would not be comparable")
+        for recipe, result in results.items():
+            if recipe in ran:
+                continue
+            if recipe in taken:
+                raise SystemExit(f"--merge {path}: {recipe} is taken from {taken[recipe]['merged_from']} already")
+            taken[recipe] = {**result, "merged_from": str(path)}
+    return taken
+
+
+def recipes(args: argparse.Namespace) -> list[str]:
+    """The recipes this run trains (`--recipes`, comma separated; empty with `--merge` only)."""
+    return [recipe for recipe in args.recipes.split(",") if recipe]
 
 
 def overrides(args: argparse.Namespace, recipe: str, out: Path) -> list[str]:
@@ -153,7 +190,8 @@ def plot(results: dict, path: Path, samples: int) -> Path | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    results = {recipe: run_recipe(args, recipe) for recipe in args.recipes.split(",")}
+    earlier = earlier_results(args)
+    results = {**earlier, **{recipe: run_recipe(args, recipe) for recipe in recipes(args)}}
     figure = plot(results, args.output.with_suffix(".png"), args.val_samples)
     payload = {"command": "python benchmarks/ppo_vs_grpo.py " + " ".join(sys.argv[1:] if argv is None else argv),
                "machine": common.machine_info(), "settings": {k: str(v) for k, v in vars(args).items()},
