@@ -167,9 +167,13 @@ def grpo_step(cfg, state, trained, tokenizer, env, reference, loss_fn, prompts, 
     rewards = shaped_rewards(cfg.grpo, score_rollout(env, rollout, state.step), rollout)
     timing["reward_calculation"], t0 = time.perf_counter() - t0, time.perf_counter()
     batch = training_batch(rollout, tokenizer.pad_token_id)
-    if needs_prev_logprobs_pass(cfg, len(batch["input_ids"])):  # else update_policy takes them on the way
-        batch["prev_logprobs"] = batch["generation_logprobs"] if cfg.grpo.prev_logprobs_from_generation else \
-            batch_logprobs(model, batch, policy.train_micro_batch_size, params.temperature, policy.precision)
+    if not needs_prev_logprobs_pass(cfg, len(batch["input_ids"])):
+        pass  # update_policy takes them from the training forward
+    elif cfg.grpo.prev_logprobs_from_generation:
+        batch["prev_logprobs"] = batch["generation_logprobs"]
+    else:
+        batch["prev_logprobs"] = batch_logprobs(model, batch, policy.train_micro_batch_size, params.temperature,
+                                                policy.precision)
     if reference is not None:
         with reference() as ref_model:
             batch["reference_policy_logprobs"] = batch_logprobs(model if ref_model is None else ref_model, batch,
