@@ -167,13 +167,12 @@ def grpo_step(cfg, state, trained, tokenizer, env, reference, loss_fn, prompts, 
     rewards = shaped_rewards(cfg.grpo, score_rollout(env, rollout, state.step), rollout)
     timing["reward_calculation"], t0 = time.perf_counter() - t0, time.perf_counter()
     batch = training_batch(rollout, tokenizer.pad_token_id)
-    if not needs_prev_logprobs_pass(cfg, len(batch["input_ids"])):
-        pass  # update_policy takes them from the training forward
-    elif cfg.grpo.prev_logprobs_from_generation:
-        batch["prev_logprobs"] = batch["generation_logprobs"]
-    else:
-        batch["prev_logprobs"] = batch_logprobs(model, batch, policy.train_micro_batch_size, params.temperature,
-                                                policy.precision)
+    if needs_prev_logprobs_pass(cfg, len(batch["input_ids"])):  # else update_policy takes them on the way
+        if cfg.grpo.prev_logprobs_from_generation:
+            batch["prev_logprobs"] = batch["generation_logprobs"]
+        else:
+            batch["prev_logprobs"] = batch_logprobs(model, batch, policy.train_micro_batch_size,
+                                                    params.temperature, policy.precision)
     if reference is not None:
         with reference() as ref_model:
             batch["reference_policy_logprobs"] = batch_logprobs(model if ref_model is None else ref_model, batch,
@@ -215,10 +214,10 @@ def compute_advantages(cfg, rewards: torch.Tensor, group_index: torch.Tensor, ba
 
 
 def needs_prev_logprobs_pass(cfg, rows: int) -> bool:
-    """Whether `prev_logprobs` need a forward pass of their own before the update: when the rollout's `rows`
-    (this rank's) make several optimizer steps, the later ones train a policy that has moved; and when
-    the KL is in the reward, the advantages need them first. Otherwise the training forward
-    gives them (the same weights, the same micro-batches): the ratio is exactly 1, as NeMo RL's separate pass
+    """Whether `prev_logprobs` are needed before the update (a forward pass of their own, or the sampler's with
+    `grpo.prev_logprobs_from_generation`): when the rollout's `rows` (this rank's) make several optimizer steps,
+    the later ones train a policy that has moved; and when the KL is in the reward, the advantages need them
+    first. Otherwise the training forward gives them (the same weights, the same micro-batches): the ratio is exactly 1, as NeMo RL's separate pass
     gives it up to rounding."""
     several_updates = rows > cfg.policy.train_global_batch_size // dist.world_size()
     kl_in_reward = cfg.loss_fn.use_kl_in_reward and cfg.loss_fn.reference_policy_kl_penalty > 0
