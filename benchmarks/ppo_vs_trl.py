@@ -13,7 +13,7 @@ classifier, rmkit's critic defaults to it, and the run checks its "rmkit: critic
 with the policy's chat template by rmkit's `render_prompt`: TRL gets those token ids, rmkit the messages it renders
 the same way), one completion per prompt (TRL's PPO samples one), `--max-new-tokens`, temperature (top-p 1, no
 top-k), stopping at EOS, the old log-probs taken from the sampler (TRL from the generation's scores, rmkit with
-`ppo.prev_logprobs_from_generation`), `--ppo-epochs` passes over each rollout in `--minibatches` shuffled optimizer steps of
+`ppo.prev_logprobs_from_generation`), `--ppo-epochs` passes over each rollout in `--minibatches` optimizer steps of
 one micro-batch each, AdamW over policy and critic (one lr, betas (0.9, 0.999), eps 1e-8, no weight decay, no
 gradient clipping: TRL's PPOTrainer clips nothing), constant schedule, the PPO ratio clipped at 0.2, the critic's
 value loss `vf_coef * 0.5 * mean(max((V - R)^2, (clip(V, V_old +- cliprange_value) - R)^2))` over the tokens,
@@ -35,7 +35,9 @@ Known differences, each side as it ships:
 - padding: SmolLM2 pads with EOS, which its chat template also uses to end each turn, and TRL masks every pad id
   out of attention and ends a completion at its first pad: TRL's side pads with the unknown token instead;
 - rmkit clamps the KL estimate (input 20, output 10, rarely reached); TRL whitens with `rsqrt(var + 1e-8)`;
-- each side shuffles the prompts and draws its samples from its own RNG (different rollouts).
+- each side shuffles the prompts and draws its samples from its own RNG (different rollouts);
+- TRL reshuffles the rollout into new mini-batches every epoch; rmkit, as NeMo RL, takes the same mini-batches in
+  the rollout's order each epoch.
 
 Timed per PPO step (one rollout and its epochs) by the harness clock (`benchmarks/harness.py`), hooked the same way
 on both sides (every word-embedding table, the optimizer-step hook, wrapped module attributes: TRL's
