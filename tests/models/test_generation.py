@@ -110,3 +110,49 @@ def test_non_finite_logits_stop_generation_with_training_diverged(tiny_policy):
         with pytest.raises(TrainingDiverged, match="logits became NaN or infinite"):
             generate_completions(model, tokenizer, prompts, SamplingParams(max_new_tokens=4, temperature=temperature),
                                  torch.Generator().manual_seed(0))
+
+
+def _caches_generate_gets(model) -> list:
+    """Wrap `model.generate` to record the cache object of each call (None: generate builds its own)."""
+    seen, generate = [], model.generate
+
+    def recording(**kwargs):
+        seen.append(kwargs.get("cache", kwargs.get("past_key_values")))
+        return generate(**kwargs)
+
+    model.generate = recording
+    return seen
+
+
+def test_the_cache_is_allocated_once_for_the_prompt_and_every_new_token(tiny_policy):
+    """A static cache (no per-token concatenation of every layer's keys and values): as long as the padded prompt
+    plus max_new_tokens, whether the prompts were computed ahead (a repeated prompt) or by generate's prefill."""
+    from transformers import StaticCache
+
+    model, tokenizer = load_policy_model(tiny_policy)
+    seen = _caches_generate_gets(model)
+    short, long = render_prompt(tokenizer, "Hi"), render_prompt(tokenizer, "Tell me three things about rivers.")
+    for prompts in ([long, short, long], [long, short]):
+        _check_prompt_forwards(model, tokenizer, prompts)
+    assert len(seen) == 4 and all(isinstance(cache, StaticCache) for cache in seen)
+    assert [cache.layers[0].max_cache_len for cache in seen] == [len(long) + 4, len(long) + 5] * 2
+
+
+def test_a_model_with_sliding_window_layers_keeps_the_growing_cache(tiny_policy, tmp_path):
+    """A static cache keeps only a window in sliding layers, laid out otherwise than by position: such a model
+    generates from transformers' growing cache, and every row still matches an argmax loop and a forward."""
+    from transformers import DynamicCache, Qwen2Config, Qwen2ForCausalLM
+
+    _, tokenizer = load_policy_model(tiny_policy)
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, use_sliding_window=True, sliding_window=8,
+                         max_window_layers=1, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    assert config.layer_types == ["full_attention", "sliding_attention"]
+    Qwen2ForCausalLM(config).save_pretrained(tmp_path / "sliding")
+    tokenizer.save_pretrained(tmp_path / "sliding")
+    model, tokenizer = load_policy_model(str(tmp_path / "sliding"))
+    seen = _caches_generate_gets(model)
+    short, long = render_prompt(tokenizer, "Hi"), render_prompt(tokenizer, "Tell me three things about rivers.")
+    _check_prompt_forwards(model, tokenizer, [long, short, long])
+    assert seen and all(isinstance(cache, DynamicCache) for cache in seen)
