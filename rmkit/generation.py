@@ -146,9 +146,11 @@ def _prompt_cache(model, prompts: Sequence[Sequence[int]], width: int, pad_id: i
 
 def _static_cache(model, length: int) -> StaticCache | None:
     """An empty `StaticCache` of `length` positions for `model`, or None where the model's attention does not
-    take one (transformers marks those that do `_can_compile_fullgraph`) or it has sliding-window layers."""
+    take one (transformers marks those that do `_can_compile_fullgraph`), it has sliding-window layers, or its
+    generation config names a cache of its own (`generate` refuses a cache object beside that)."""
     inner = transformers_model(model)
-    if not getattr(inner, "_can_compile_fullgraph", False) or _has_sliding_layers(model):
+    if (not getattr(inner, "_can_compile_fullgraph", False) or _has_sliding_layers(model)
+            or getattr(getattr(inner, "generation_config", None), "cache_implementation", None)):
         return None
     return StaticCache(config=inner.config, max_cache_len=length)
 

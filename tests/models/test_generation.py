@@ -137,6 +137,11 @@ def test_the_cache_is_allocated_once_for_the_prompt_and_every_new_token(tiny_pol
     assert len(seen) == 4 and all(isinstance(cache, StaticCache) for cache in seen)
     assert [cache.layers[0].max_cache_len for cache in seen] == [len(long) + 4, len(long) + 5] * 2
 
+    model.generation_config.cache_implementation = "dynamic"  # generate refuses a cache object beside one it names
+    seen.clear()
+    _check_prompt_forwards(model, tokenizer, [long, short])
+    assert seen == [None, None]
+
 
 def test_a_model_with_sliding_window_layers_keeps_the_growing_cache(tiny_policy, tmp_path):
     """A static cache keeps only a window in sliding layers, laid out otherwise than by position: such a model
