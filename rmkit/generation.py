@@ -118,8 +118,8 @@ def _prompt_cache(model, prompts: Sequence[Sequence[int]], width: int, pad_id: i
             index[tuple(prompt)] = len(heads)
             heads.append(list(prompt[:-1]))
         source.append(index[tuple(prompt)])
-    cache = _static_cache(model, width + max_new_tokens)
-    empty = {_cache_keyword(model): cache} if cache is not None else {}
+    keyword, cache = _cache_keyword(model), _static_cache(model, width + max_new_tokens)
+    empty = {keyword: cache} if cache is not None else {}
     if width < 2:
         return empty
     device = next(model.parameters()).device
@@ -141,7 +141,7 @@ def _prompt_cache(model, prompts: Sequence[Sequence[int]], width: int, pad_id: i
         keys, values = (_right_aligned([chunk_layers[layer][n] for chunk_layers in layers], chunks, len(heads), width - 1)
                         for n in (0, 1))
         cache.update(keys[rows], values[rows], layer)
-    return {_cache_keyword(model): cache}
+    return {keyword: cache}
 
 
 def _static_cache(model, length: int) -> StaticCache | None:

@@ -217,8 +217,8 @@ def needs_prev_logprobs_pass(cfg, rows: int) -> bool:
     """Whether `prev_logprobs` are needed before the update (a forward pass of their own, or the sampler's with
     `grpo.prev_logprobs_from_generation`): when the rollout's `rows` (this rank's) make several optimizer steps,
     the later ones train a policy that has moved; and when the KL is in the reward, the advantages need them
-    first. Otherwise the training forward gives them (the same weights, the same micro-batches): the ratio is exactly 1, as NeMo RL's separate pass
-    gives it up to rounding."""
+    first. Otherwise the training forward gives them (the same weights, the same micro-batches): the ratio is
+    exactly 1, as NeMo RL's separate pass gives it up to rounding."""
     several_updates = rows > cfg.policy.train_global_batch_size // dist.world_size()
     kl_in_reward = cfg.loss_fn.use_kl_in_reward and cfg.loss_fn.reference_policy_kl_penalty > 0
     return several_updates or kl_in_reward
