@@ -93,6 +93,13 @@ def is_main() -> bool:
     return rank() == 0
 
 
+def is_launch_rank_zero() -> bool:
+    """Whether torchrun started this process as rank 0 (a plain run is). Unlike `is_main`, which answers for a
+    world of one once `destroy` has left the group, this holds after the run too: the command line's report
+    after training comes from one process, not from every rank."""
+    return _env_int("RANK", 0) == 0
+
+
 def barrier() -> None:
     if is_distributed():
         dist.barrier()
@@ -101,11 +108,31 @@ def barrier() -> None:
 def destroy() -> None:
     """Leave the process group (call once at the end of a run; harmless when none exists)."""
     if dist.is_available() and dist.is_initialized():
-        # Every rank reaches this point before any tears the group down: rank 0 hosts the rendezvous
-        # store, and a rank still finishing its last collective while a peer destroys the group aborts
-        # (gloo: "terminate called without an active exception", seen about once in six 2-rank runs).
-        dist.barrier()
+        if dist.get_world_size() > 1:
+            _wait_for_every_rank()
         dist.destroy_process_group()
+
+
+def _wait_for_every_rank() -> None:
+    """Return once every rank has returned from its last collective, so that none tears the group down (closes
+    its sockets, exits) while a peer still waits for its share.
+
+    A collective is no such fence: a rank leaves it once its own messages are sent and its peers' received, and
+    a peer can still be waiting. With nothing but a gloo barrier before `destroy_process_group`, a 2-rank CI run
+    hung at the end (one rank past the barrier and gone, the other waiting) where the barrier had replaced the
+    abort "terminate called without an active exception" seen about once in six runs without one. The
+    rendezvous store is outside the group. Its server is torchrun's launcher, or rank 0 where a launcher without
+    an agent store set the environment: so rank 0 leaves last, once every other rank has had its answer.
+    """
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    store, rank, world = _get_default_store(), dist.get_rank(), dist.get_world_size()
+    store.set(f"rmkit/finished/{rank}", "1")
+    store.wait([f"rmkit/finished/{r}" for r in range(world)])
+    if rank == 0:
+        store.wait([f"rmkit/left/{r}" for r in range(1, world)])
+    else:
+        store.set(f"rmkit/left/{rank}", "1")
 
 
 def _collective_device() -> torch.device:

@@ -125,7 +125,7 @@ def main(name: str, argv: list[str]) -> int:
         return 1
     from rmkit import distributed as dist
 
-    if not dist.is_main():  # under torchrun, rank 0 reports
+    if not dist.is_launch_rank_zero():  # under torchrun, rank 0 reports (the process group is gone by now)
         return 0
     if recipe.rate and not result.rates.get(recipe.rate):  # a resumed run that had no step left
         print(f"rmkit: no step left to train: the run was complete at step {result.steps}", file=sys.stderr)

@@ -6,6 +6,8 @@ import sys
 
 from tqdm import tqdm
 
+from rmkit import distributed as dist
+
 
 class ProgressBar:
     """A tqdm bar over optimizer steps showing loss, accuracy, pairs/s and tokens/s (disabled: silent)."""
@@ -26,7 +28,9 @@ class ProgressBar:
         self._bar.update(1)
 
     def write(self, message: str) -> None:
-        self._bar.write(message, file=sys.stderr)
+        """Print `message` above the bar (rank 0 only, also when the bar itself is off)."""
+        if dist.is_main():
+            self._bar.write(message, file=sys.stderr)
 
     def close(self) -> None:
         self._bar.close()

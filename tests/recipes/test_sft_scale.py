@@ -110,7 +110,10 @@ def test_torchrun_two_processes_equal_one(tiny_policy, tmp_path, capsys, packing
     one = write_config(tmp_path, tiny_policy, "one", micro=4, sequence_packing=packing)
     two = write_config(tmp_path, tiny_policy, "two", micro=2, sequence_packing=packing)  # 4 per rank: 2 x 2
     rmkit_sft(capsys, "--config", one, "checkpointing.enabled=false", "sft.max_num_steps=6")
-    torchrun(["-m", "rmkit", "sft", "--config", str(two), "checkpointing.enabled=false", "sft.max_num_steps=6"], CHILD_ENV)
+    err = torchrun(["-m", "rmkit", "sft", "--config", str(two), "checkpointing.enabled=false", "sft.max_num_steps=6"],
+                   CHILD_ENV)
+    # Rank 0 alone reports: a validation mid-run (val_period 4) and the summary after the process group is gone.
+    assert err.count("rmkit: step 4: ") == 1 and err.count("rmkit: trained 6 steps") == 1, err[-3000:]
     m1, m2 = metrics(tmp_path / "one"), metrics(tmp_path / "two")
     assert [sorted(r) for r in m1] == [sorted(r) for r in m2]
     for r1, r2 in zip(m1, m2):
