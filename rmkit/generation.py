@@ -35,6 +35,7 @@ from rmkit.config import SamplingParams
 from rmkit.distributed import is_sharded
 from rmkit.errors import TrainingDiverged
 from rmkit.models.reward_forward import chunk_overhead, planned_chunks
+from rmkit.models.setup import has_sliding_layers
 from rmkit.wrappers import transformers_model
 
 
@@ -123,7 +124,7 @@ def _prompt_cache(model, prompts: Sequence[Sequence[int]], width: int, pad_id: i
     if width < 2:
         return empty
     device = next(model.parameters()).device
-    overhead = math.inf if _has_sliding_layers(model) else chunk_overhead(model, device)
+    overhead = math.inf if has_sliding_layers(model) else chunk_overhead(model, device)
     chunks = planned_chunks([len(head) for head in heads], overhead)
     if len(chunks) == 1 and len(heads) == len(prompts) and not is_sharded(model):
         return empty
@@ -149,15 +150,10 @@ def _static_cache(model, length: int) -> StaticCache | None:
     take one (transformers marks those that do `_can_compile_fullgraph`), it has sliding-window layers, or its
     generation config names a cache of its own (`generate` refuses a cache object beside that)."""
     inner = transformers_model(model)
-    if (not getattr(inner, "_can_compile_fullgraph", False) or _has_sliding_layers(model)
+    if (not getattr(inner, "_can_compile_fullgraph", False) or has_sliding_layers(model)
             or getattr(getattr(inner, "generation_config", None), "cache_implementation", None)):
         return None
     return StaticCache(config=inner.config, max_cache_len=length)
-
-
-def _has_sliding_layers(model) -> bool:
-    layer_types = getattr(getattr(transformers_model(model), "config", None), "layer_types", None) or ()
-    return "sliding_attention" in layer_types
 
 
 def _cache_keyword(model) -> str:

@@ -50,6 +50,12 @@ def compile_blocks(model: torch.nn.Module, mode: str) -> None:
         layer.compile(dynamic=True, mode=mode)
 
 
+def has_compiled_blocks(model: torch.nn.Module) -> bool:
+    """Whether `compile_blocks` compiled `model`'s blocks (plain, DDP-wrapped or peft)."""
+    layers = transformer_layers(transformers_model(model)) or []
+    return any(getattr(layer, "_compiled_call_impl", None) is not None for layer in layers)
+
+
 def uses_cuda_graphs(compile_enabled: bool, mode: str, device: torch.device) -> bool:
     """True when compiled blocks replay CUDA graphs: rows must then come in few shapes."""
     return compile_enabled and mode in CUDA_GRAPH_MODES and device.type == "cuda"

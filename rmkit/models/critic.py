@@ -17,7 +17,7 @@ from transformers import AutoConfig
 from rmkit.errors import ConfigError
 from rmkit.models.reward import find_gguf_file, load_reward_model, uses_last_token_pooling
 from rmkit.models.setup import resolve_model_name
-from rmkit.models.shared_prefix import Group, packed_inputs, unshared_layout
+from rmkit.models.shared_prefix import Group, grouped_attention, packed_inputs, unshared_layout
 from rmkit.wrappers import transformers_model
 
 
@@ -44,19 +44,20 @@ def load_critic(name_or_path: str | Path, dtype: torch.dtype = torch.float32):
 
 
 class TokenValues(torch.nn.Module):
-    """`forward(input_ids, attention_mask, position_ids) -> [B, L]` float32: the critic's head at every position.
-    The module a training loop calls (and DDP wraps); `self.model` is the transformers classifier."""
+    """`forward(input_ids, attention_mask, position_ids, **attention) -> [B, L]` float32: the critic's head at every
+    position (`attention`: what the backbone's attention takes besides, `packed_inputs`' `rmkit_groups`). The
+    module a training loop calls (and DDP wraps); `self.model` is the transformers classifier."""
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, **attention) -> torch.Tensor:
         reader = transformers_model(self.model)
         backbone = getattr(reader, reader.base_model_prefix)
         hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                          use_cache=False).last_hidden_state
+                          use_cache=False, **attention).last_hidden_state
         return reader.score(hidden).squeeze(-1).float()
 
 
@@ -66,7 +67,10 @@ def shared_prefix_values(forward: torch.nn.Module, critic: torch.nn.Module, grou
     `continuations_only`, of the rows `[last prompt token, cont_k]`), each prompt computed once and several
     groups packed to a row (`rmkit.models.shared_prefix`). `forward` is `TokenValues` (or DDP around it);
     `critic` the transformers classifier inside (its config says which attention mask it takes)."""
-    return unshared_layout(forward(**packed_inputs(critic, groups, pad_token_id)), groups, continuations_only)
+    inputs = packed_inputs(critic, groups, pad_token_id)
+    with grouped_attention(critic, inputs):
+        values = forward(**inputs)
+    return unshared_layout(values, groups, continuations_only, one_row="rmkit_groups" in inputs)
 
 
 def shares_vocabulary(policy_tokenizer, critic_tokenizer) -> bool:

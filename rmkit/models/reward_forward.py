@@ -118,7 +118,8 @@ class SharedPromptRewards(torch.nn.Module):
         inputs = []
         for chunk in chunks:
             members = [groups[i] for i in chunk]
-            x = packed_inputs(self.reward_forward.model, members, self.pad_token_id, multiple)
+            # packed rows: `RewardForward` takes a mask, not grouped attention's spans
+            x = packed_inputs(self.reward_forward.model, members, self.pad_token_id, multiple, one_row=False)
             inputs.append({**x, "read_at": tuple(t.to(x["input_ids"].device, non_blocking=True)
                                                  for t in continuation_ends(members))})
         rewards = chunk_rewards(self.reward_forward, inputs)  # group by group in chunk order

@@ -90,6 +90,13 @@ def transformer_layers(model: PreTrainedModel) -> torch.nn.ModuleList | None:
     return None
 
 
+def has_sliding_layers(model: torch.nn.Module) -> bool:
+    """Whether some attention layer of `model` (plain or wrapped) sees a sliding window only: its masks are not a
+    plain causal pattern."""
+    layer_types = getattr(getattr(transformers_model(model), "config", None), "layer_types", None) or ()
+    return "sliding_attention" in layer_types
+
+
 def freeze(model: PreTrainedModel, embeddings: bool, lower_layers: int) -> None:
     """Stop gradients to the input embeddings and/or the lowest `lower_layers` transformer blocks."""
     if embeddings:

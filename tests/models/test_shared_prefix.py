@@ -1,16 +1,19 @@
-"""The prompt computed once, several groups packed to a row, equals the unshared computation: logits at every
-real position and every parameter's gradient, on tiny random Llama and Qwen2 causal LMs, for pairs (K = 2) and
-groups of 4; and the continuation rows alone (`continuations_only`) equal those positions of it."""
+"""The prompt computed once, several groups packed to a row (on the CPU: all in one row, attended group by group),
+equals the unshared computation: logits at every real position and every parameter's gradient, on tiny random
+Llama and Qwen2 causal LMs, for single completions, pairs (K = 2) and groups of 4, in both layouts; and the
+continuation rows alone (`continuations_only`) equal those positions of it."""
 
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rmkit.losses.logprobs import aligned_logprobs
+from rmkit.models import shared_prefix
 from rmkit.models.shared_prefix import (
     _packed,
     continuation_ends,
     pack_groups,
+    packed_inputs,
     shared_prefix_logits,
     shared_prefix_mask,
 )
@@ -47,10 +50,12 @@ def _loss(logits, ids, mask):
     return (aligned_logprobs(logits, ids)[:, 1:] * mask[:, 1:]).sum()
 
 
+@pytest.mark.parametrize("one_row", [True, False], ids=["one_row", "packed_rows"])
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-@pytest.mark.parametrize("k", [2, 4])
-def test_shared_prefix_equals_unshared_forward_and_gradients(kind, k):
+@pytest.mark.parametrize("k", [1, 2, 4])
+def test_shared_prefix_equals_unshared_forward_and_gradients(kind, k, one_row, monkeypatch):
     model, groups = _model(kind), _groups(k)
+    monkeypatch.setattr(shared_prefix, "one_row_layout", lambda *_: one_row)
     expected, ids, mask = _unshared(model, groups)
     expected_loss = _loss(expected, ids, mask)
     expected_grads = torch.autograd.grad(expected_loss, list(model.parameters()))
@@ -62,6 +67,25 @@ def test_shared_prefix_equals_unshared_forward_and_gradients(kind, k):
     got_grads = torch.autograd.grad(_loss(got, ids, mask), list(model.parameters()))
     for (name, _), a, b in zip(model.named_parameters(), got_grads, expected_grads):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_the_cpu_takes_one_row_attended_group_by_group_and_restores_the_attention():
+    model, groups = _model("llama"), _groups(2)
+    lengths = [len(p) + sum(map(len, conts)) for p, conts in groups]  # 21, 11, 15
+    inputs = packed_inputs(model, groups, PAD)
+    assert inputs["input_ids"].shape == (1, sum(lengths)) and "attention_mask" not in inputs  # no padding, no mask
+    assert [(a, b) for a, b, _ in inputs["rmkit_groups"]] == [(0, 21), (21, 32), (32, 47)]
+    assert all(m.shape == (1, 1, b - a, b - a) for a, b, m in inputs["rmkit_groups"])  # K = 2: the group's mask
+    single = packed_inputs(model, _groups(1), PAD)
+    assert all(m is None for _, _, m in single["rmkit_groups"])  # one continuation: causal, no mask
+    seen = []
+    handle = model.model.layers[0].self_attn.register_forward_pre_hook(
+        lambda module, args: seen.append(module.config._attn_implementation))
+    shared_prefix_logits(model, groups, PAD)
+    handle.remove()
+    assert seen == [shared_prefix.GROUPED_SDPA] and model.config._attn_implementation == "sdpa"
+    packed = packed_inputs(model, groups, PAD, one_row=False)  # what a reward model's forward takes
+    assert packed["input_ids"].shape == (3, 21) and packed["attention_mask"].shape == (3, 1, 21, 21)  # a row each
 
 
 def test_mask_hides_other_continuations_and_other_groups_and_keeps_padding_finite():
