@@ -1,8 +1,10 @@
 """The prompt computed once, measured: DPO's forward + backward over HH pairs with SmolLM2-135M, each pair as
 two rows `[prompt, chosen]`, `[prompt, rejected]` (unshared) or as one row `[prompt, chosen, rejected]`
-(`rmkit.models.shared_prefix`, as DPO's `PairLogits` runs it: several pairs packed to a row, the output
-layer at the response positions only), the same pairs, fp32, the same threads. The two settings alternate within
-each repeat so that machine load drifts on both alike; the summary is the median seconds per batch.
+(`rmkit.models.shared_prefix`, as DPO's `PairLogits` runs it: on the CPU every pair of a batch in one row,
+attended pair by pair, the output layer at the response positions only), the same pairs, fp32, the same threads.
+A third setting, "packed", runs that with the layout GPUs take instead (pairs packed to rows no longer than the
+longest, one attention over a row under a block-diagonal mask). The settings take turns, in a rotated order
+each repeat, so that machine load drifts on all alike; the summary is the median seconds per pass.
 
     python benchmarks/shared_prefix.py                        # 16 pairs, batches of 4, max length 256, 3 repeats
     python benchmarks/shared_prefix.py --pairs 32 --repeats 5
@@ -58,6 +60,19 @@ def shared_logits(model, batch, pad_id):
     return PairLogits(model, pad_id, "float32")(batch)
 
 
+def packed_logits(model, batch, pad_id):
+    """`shared_logits` in the layout GPUs take: pairs packed to rows under one block-diagonal mask."""
+    from unittest import mock
+
+    from rmkit.models import shared_prefix
+
+    with mock.patch.object(shared_prefix, "one_row_layout", lambda *_: False):
+        return shared_logits(model, batch, pad_id)
+
+
+FORWARDS = {"unshared": unshared_logits, "shared": shared_logits, "packed": packed_logits}
+
+
 def one_pass(model, batches, pad_id, forward) -> float:
     """Seconds for forward + backward of the response log-probs over every batch."""
     from rmkit.losses.logprobs import aligned_logprobs
@@ -84,11 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(2 * len(p.prompt_ids) + len(p.chosen_ids) + len(p.rejected_ids) for p in pairs)
     pad = tokenizer.pad_token_id
     one_pass(model, batches[:1], pad, shared_logits)  # warm-up (allocator, kernels)
-    times = {"unshared": [], "shared": []}
+    times = {name: [] for name in FORWARDS}
     for repeat in range(args.repeats):
-        order = ("unshared", "shared") if repeat % 2 == 0 else ("shared", "unshared")
-        for name in order:
-            times[name].append(one_pass(model, batches, pad, unshared_logits if name == "unshared" else shared_logits))
+        names = list(FORWARDS)
+        for name in names[repeat % 3:] + names[:repeat % 3]:
+            times[name].append(one_pass(model, batches, pad, FORWARDS[name]))
             print(f"{name}: {times[name][-1]:.1f} s", flush=True)
     medians = {k: statistics.median(v) for k, v in times.items()}
     payload = {
@@ -99,11 +114,12 @@ def main(argv: list[str] | None = None) -> int:
         "seconds": times, "median_seconds": medians,
         "pairs_per_s": {k: len(pairs) / v for k, v in medians.items()},
         "speedup_shared_over_unshared": medians["unshared"] / medians["shared"],
+        "speedup_shared_over_packed": medians["packed"] / medians["shared"],
     }
     common.write_json(args.output, payload)
     print(f"prompt tokens {payload['prompt_token_fraction']:.1%} of the unshared rows; pairs/s "
           f"unshared {payload['pairs_per_s']['unshared']:.2f}, shared {payload['pairs_per_s']['shared']:.2f} "
-          f"({payload['speedup_shared_over_unshared']:.2f}x)")
+          f"({payload['speedup_shared_over_unshared']:.2f}x; {payload['speedup_shared_over_packed']:.2f}x the packed rows)")
     return 0
 
 
