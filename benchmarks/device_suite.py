@@ -1,7 +1,8 @@
 """rmkit against TRL on one device, every recipe side by side in one run, in sections, most important first.
 
     setup       the backbones, the device, and a big matmul in bf16 and fp32 (the measured peaks)
-    profile     configs/rm.yaml's reward-model step in fp32 and bf16 under torch.profiler (rm_profile.py)
+    profile     configs/rm.yaml's reward-model step in fp32 and bf16 under torch.profiler (rm_profile.py; or in the
+                precisions and with the overrides `--profile-precision` and `--profile-override` give)
     rm_minilm   reward model, MiniLM: TRL's RewardTrainer vs `rmkit train`, bf16 (train_vs_trl.py), then rmkit with
                 compiled blocks (`policy.compile`, with and without CUDA graphs) and TRL with `torch_compile`
     dpo         DPO of SmolLM2-135M, bf16 (dpo_vs_trl.py)
@@ -65,6 +66,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "if present, else read from the packaged GGUF)")
     parser.add_argument("--variants", default=",".join(COMPILED),
                         help=f"the reward-model sections' compiled runs, comma list of {', '.join(COMPILED)} ('' = none)")
+    parser.add_argument("--profile-precision", default="fp32,bf16", help="the profile section's precisions")
+    parser.add_argument("--profile-override", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override of the profiled step (repeatable), e.g. policy.compile=true")
+    parser.add_argument("--profile-warmup-steps", type=int, default=3,
+                        help="steps before the profile's timed ones (compiled blocks record their shapes in these)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--record-timeout", metavar="SECTION:SECONDS",
                         help="only note in --output that SECTION was stopped after SECONDS (bench.sh's timeout)")
@@ -188,9 +194,11 @@ def common_args(args, name: str) -> list[str]:
 def section_profile(args, results: dict) -> dict:
     from benchmarks import rm_profile
 
-    steps = ["--warmup-steps", "1", "--timed-steps", "2", "--active-steps", "1"] if args.tiny else []
+    steps = (["--warmup-steps", "1", "--timed-steps", "2", "--active-steps", "1"] if args.tiny
+             else ["--warmup-steps", str(args.profile_warmup_steps)])
     argv = [*common_args(args, "profile"), "--backbone", results["setup"]["models"]["minilm"], *steps,
-            "--data-dir", str(args.data_dir)]
+            "--data-dir", str(args.data_dir), "--precision", args.profile_precision,
+            *(f"--override={o}" for o in args.profile_override)]
     status = rm_profile.main(argv)
     raw = json.loads((args.work_dir / "profile.json").read_text())
     (args.output.parent / "rm_profile.txt").write_text((args.work_dir / "profile.txt").read_text())

@@ -66,7 +66,7 @@ def packed_logits(model, batch, pad_id):
 
     from rmkit.models import shared_prefix
 
-    with mock.patch.object(shared_prefix, "one_row_layout", lambda *_: False):
+    with mock.patch.object(shared_prefix, "layout_for", lambda *_: shared_prefix.PACKED):
         return shared_logits(model, batch, pad_id)
 
 

@@ -17,7 +17,7 @@ from transformers import AutoConfig
 from rmkit.errors import ConfigError
 from rmkit.models.reward import find_gguf_file, load_reward_model, uses_last_token_pooling
 from rmkit.models.setup import resolve_model_name
-from rmkit.models.shared_prefix import Group, grouped_attention, packed_inputs, unshared_layout
+from rmkit.models.shared_prefix import Group, grouped_attention, layout_for, packed_inputs, unshared_layout
 from rmkit.wrappers import transformers_model
 
 
@@ -67,10 +67,11 @@ def shared_prefix_values(forward: torch.nn.Module, critic: torch.nn.Module, grou
     `continuations_only`, of the rows `[last prompt token, cont_k]`), each prompt computed once and several
     groups packed to a row (`rmkit.models.shared_prefix`). `forward` is `TokenValues` (or DDP around it);
     `critic` the transformers classifier inside (its config says which attention mask it takes)."""
-    inputs = packed_inputs(critic, groups, pad_token_id)
+    layout = layout_for(critic)
+    inputs = packed_inputs(critic, groups, pad_token_id, layout=layout)
     with grouped_attention(critic, inputs):
         values = forward(**inputs)
-    return unshared_layout(values, groups, continuations_only, one_row="rmkit_groups" in inputs)
+    return unshared_layout(values, groups, continuations_only, layout)
 
 
 def shares_vocabulary(policy_tokenizer, critic_tokenizer) -> bool:

@@ -17,7 +17,7 @@ from rmkit.data.collate import pad_right
 from rmkit.data.tokenize import TokenizedPair
 from rmkit.distributed import is_sharded
 from rmkit.models import compiled
-from rmkit.models.shared_prefix import Group, continuation_ends, packed_inputs
+from rmkit.models.shared_prefix import PACKED, ROW_PER_GROUP, Group, continuation_ends, packed_inputs
 from rmkit.wrappers import unwrap_model
 
 # MiniLM on 2 CPU threads (a forward+backward pass has ~250 small ops whose fixed cost is that of
@@ -113,15 +113,17 @@ class SharedPromptRewards(torch.nn.Module):
     def forward(self, groups: Sequence[Group], overhead_positions: float = math.inf) -> torch.Tensor:
         chunks = planned_chunks([len(prompt) + sum(map(len, conts)) for prompt, conts in groups], overhead_positions)
         multiple = compiled.CUDA_GRAPH_LENGTH_MULTIPLE if self.cuda_graphs else None
+        # `RewardForward` takes a mask, not grouped attention's spans: rows packed, or under CUDA graphs one per
+        # group, so that a micro-batch's row count is fixed and its shapes few
+        layout = ROW_PER_GROUP if self.cuda_graphs else PACKED
         if self.cuda_graphs:
             compiled.begin_step()
         inputs = []
         for chunk in chunks:
             members = [groups[i] for i in chunk]
-            # packed rows: `RewardForward` takes a mask, not grouped attention's spans
-            x = packed_inputs(self.reward_forward.model, members, self.pad_token_id, multiple, one_row=False)
+            x = packed_inputs(self.reward_forward.model, members, self.pad_token_id, multiple, layout)
             inputs.append({**x, "read_at": tuple(t.to(x["input_ids"].device, non_blocking=True)
-                                                 for t in continuation_ends(members))})
+                                                 for t in continuation_ends(members, layout))})
         rewards = chunk_rewards(self.reward_forward, inputs)  # group by group in chunk order
         first_row, row = {}, 0  # where each group's continuations start in those rows
         for i in (i for chunk in chunks for i in chunk):

@@ -18,7 +18,9 @@ end to end, with no padding at all, and attention runs group by group (`GROUPED_
 implementation for the length of the forward): causal over a group with one continuation, the group's own mask
 over one with several. The projections then compute real tokens only, and attention no cross-group block: on
 PPO's HH rollouts a SmolLM2-135M policy forward and backward over 8 completions took 5.9 s against 7.4 s packed.
-GPUs keep the packed rows (one kernel over the batch; the group-by-group loop is unmeasured there).
+GPUs keep the packed rows (one kernel over the batch; the group-by-group loop is unmeasured there). Where rows
+must come in few shapes (CUDA graphs, `width_multiple`), each group takes a row of its own (`ROW_PER_GROUP`):
+the row count is then the group count, which packing would change from batch to batch.
 
 `shared_prefix_logits` returns the logits laid out as the unshared rows would give them (one row per
 continuation, `[prompt, cont_k]`, right-padded), so a caller swaps it in for a plain forward and changes
@@ -46,6 +48,8 @@ from rmkit.models.setup import has_sliding_layers
 from rmkit.wrappers import transformers_model
 
 Group = tuple[Sequence[int], Sequence[Sequence[int]]]  # (prompt ids, [continuation ids, ...])
+# How groups are laid out in rows (`pack_groups`): packed several to a row, all end to end in one row, or one each.
+PACKED, ONE_ROW, ROW_PER_GROUP = "packed", "one_row", "row_per_group"
 
 
 def group_length(group: Group) -> int:
@@ -54,13 +58,15 @@ def group_length(group: Group) -> int:
     return len(prompt) + sum(len(c) for c in conts)
 
 
-def pack_groups(groups: Sequence[Group], one_row: bool = False) -> list[tuple[int, int]]:
-    """`(row, offset)` of each group: `rmkit.data.packing.plan_packs` (first fit, longest first) into rows as
-    long as the longest group, so packing makes no row longer than the unpacked batch's; with `one_row`, all
-    in row 0 in their order."""
+def pack_groups(groups: Sequence[Group], layout: str = PACKED) -> list[tuple[int, int]]:
+    """`(row, offset)` of each group. `PACKED`: `rmkit.data.packing.plan_packs` (first fit, longest first) into
+    rows as long as the longest group, so packing makes no row longer than the unpacked batch's; `ONE_ROW`: all
+    in row 0 in their order; `ROW_PER_GROUP`: group i at the start of row i."""
     lengths = [group_length(g) for g in groups]
-    if one_row:
+    if layout == ONE_ROW:
         return [(0, sum(lengths[:i])) for i in range(len(groups))]
+    if layout == ROW_PER_GROUP:
+        return [(i, 0) for i in range(len(groups))]
     places = [(0, 0)] * len(groups)
     for row, members in enumerate(plan_packs(lengths, max(lengths))):
         offset = 0
@@ -69,12 +75,12 @@ def pack_groups(groups: Sequence[Group], one_row: bool = False) -> list[tuple[in
     return places
 
 
-def _packed(groups: Sequence[Group], pad_token_id: int, width_multiple: int | None = None, one_row: bool = False):
+def _packed(groups: Sequence[Group], pad_token_id: int, width_multiple: int | None = None, layout: str = PACKED):
     """`(input_ids, position_ids, segment, owner, places)`: `[B, L]` tensors of the packed rows and each group's
     `(row, offset)` (`pack_groups`). `segment` numbers the prompts and continuations of a row (-1 = padding);
     `owner` is, at each position, the segment of its group's prompt (-1 = padding). L is the longest row,
     rounded up to a multiple of `width_multiple` when given."""
-    places = pack_groups(groups, one_row)
+    places = pack_groups(groups, layout)
     rows = 1 + max(row for row, _ in places)
     width = max(offset + group_length(g) for g, (_, offset) in zip(groups, places))
     width = padded_length(width, width_multiple)
@@ -130,14 +136,21 @@ AttentionInterface.register(GROUPED_SDPA, grouped_sdpa)
 AttentionMaskInterface.register(GROUPED_SDPA, sdpa_mask)  # a forward without groups gets SDPA's masks
 
 
-def one_row_layout(model: torch.nn.Module, width_multiple: int | None = None) -> bool:
-    """Whether `packed_inputs` lays the groups out as one row attended group by group (`GROUPED_SDPA`): on the
-    CPU, for a decoder with SDPA attention, no sliding-window layers and no compiled blocks, unless rows must
-    come in few shapes (`width_multiple`)."""
+def one_row_layout(model: torch.nn.Module) -> bool:
+    """Whether `model` takes the groups as one row attended group by group (`GROUPED_SDPA`): on the CPU, for a
+    decoder with SDPA attention, no sliding-window layers and no compiled blocks."""
     config = getattr(transformers_model(model), "config", None)
-    return (width_multiple is None and next(model.parameters()).device.type == "cpu"
+    return (next(model.parameters()).device.type == "cpu"
             and getattr(config, "_attn_implementation", None) in ("sdpa", GROUPED_SDPA)
             and not has_sliding_layers(model) and not has_compiled_blocks(model))
+
+
+def layout_for(model: torch.nn.Module, width_multiple: int | None = None) -> str:
+    """The layout `packed_inputs` gives `model`'s groups: `ROW_PER_GROUP` where rows must come in few shapes
+    (`width_multiple`), `ONE_ROW` where `one_row_layout` allows it, `PACKED` elsewhere."""
+    if width_multiple is not None:
+        return ROW_PER_GROUP
+    return ONE_ROW if one_row_layout(model) else PACKED
 
 
 @contextmanager
@@ -178,17 +191,17 @@ def _unshared_index(groups: Sequence[Group], places: Sequence[tuple[int, int]],
 
 
 def packed_inputs(model: torch.nn.Module, groups: Sequence[Group], pad_token_id: int,
-                  width_multiple: int | None = None, one_row: bool | None = None) -> dict:
+                  width_multiple: int | None = None, layout: str | None = None) -> dict:
     """`input_ids`, `attention_mask` (4D, in the form `model`'s attention takes) and `position_ids` of the packed
     rows, on `model`'s device: the keyword arguments of a transformers decoder's forward. `model` is a
     transformers decoder or anything wrapping one (DDP, peft). Rows are padded to a multiple of
-    `width_multiple` positions when given (few shapes, for CUDA graphs). With `one_row` (None: as
-    `one_row_layout` says): one row and, instead of the mask, `rmkit_groups` for `grouped_sdpa`; run that forward
-    inside `grouped_attention`."""
+    `width_multiple` positions when given (few shapes, for CUDA graphs). `layout` (None: `layout_for`'s) is how
+    the groups take rows (`pack_groups`); with `ONE_ROW`, the inputs hold, instead of the mask, `rmkit_groups` for
+    `grouped_sdpa`: run that forward inside `grouped_attention`."""
     device = next(model.parameters()).device
-    one_row = one_row_layout(model, width_multiple) if one_row is None else one_row
-    input_ids, position_ids, segment, owner, places = _packed(groups, pad_token_id, width_multiple, one_row)
-    if one_row:
+    layout = layout_for(model, width_multiple) if layout is None else layout
+    input_ids, position_ids, segment, owner, places = _packed(groups, pad_token_id, width_multiple, layout)
+    if layout == ONE_ROW:
         spans = [(offset, offset + group_length(g), len(g[1]) > 1) for g, (_, offset) in zip(groups, places)]
         masks = [shared_prefix_mask(segment[:, a:b], owner[:, a:b]).to(device) if shared else None
                  for a, b, shared in spans]
@@ -201,12 +214,12 @@ def packed_inputs(model: torch.nn.Module, groups: Sequence[Group], pad_token_id:
     return {"input_ids": input_ids.to(device), "attention_mask": mask, "position_ids": position_ids.to(device)}
 
 
-def continuation_ends(groups: Sequence[Group]) -> tuple[torch.Tensor, torch.Tensor]:
-    """`(row [R], position [R])`: where in the packed rows each continuation's last token sits, group by group
-    in order; the position of the unshared row `[prompt, cont_k]`'s last token. Every continuation must hold
+def continuation_ends(groups: Sequence[Group], layout: str = PACKED) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(row [R], position [R])`: where in the rows of `layout` each continuation's last token sits, group by
+    group in order; the position of the unshared row `[prompt, cont_k]`'s last token. Every continuation must hold
     at least one token (an empty one would point at its neighbour's)."""
     rows, positions = [], []
-    for b, ((prompt, conts), (row, offset)) in enumerate(zip(groups, pack_groups(groups))):
+    for b, ((prompt, conts), (row, offset)) in enumerate(zip(groups, pack_groups(groups, layout))):
         end = offset + len(prompt)
         for cont in conts:
             if not cont:
@@ -224,8 +237,9 @@ def shared_prefix_logits(model: torch.nn.Module, groups: Sequence[Group], pad_to
     of the rows `[last prompt token, cont_k]` (S = 1 + the longest continuation), the output layer run at
     those positions only. `model` is a causal LM (plain, DDP-wrapped or peft). Values at padding positions
     are arbitrary: callers mask them, as for any padding."""
-    inputs = packed_inputs(model, groups, pad_token_id)
-    rows, index = _unshared_index(groups, pack_groups(groups, "rmkit_groups" in inputs), continuations_only)
+    layout = layout_for(model)
+    inputs = packed_inputs(model, groups, pad_token_id, layout=layout)
+    rows, index = _unshared_index(groups, pack_groups(groups, layout), continuations_only)
     rows, index = rows.to(inputs["input_ids"].device)[:, None], index.to(inputs["input_ids"].device)
     with grouped_attention(model, inputs):
         if not continuations_only:
@@ -248,9 +262,9 @@ def output_layer_at(model: torch.nn.Module, rows: torch.Tensor, index: torch.Ten
 
 
 def unshared_layout(per_position: torch.Tensor, groups: Sequence[Group], continuations_only: bool = False,
-                    one_row: bool = False) -> torch.Tensor:
-    """A per-position output of the packed rows `[B, L, ...]` (`one_row`: the one row of `one_row_layout`) laid out
+                    layout: str = PACKED) -> torch.Tensor:
+    """A per-position output of the rows `[B, L, ...]` of `layout` (`pack_groups`) laid out
     as the unshared rows `[prompt, cont_k]` would give it: `[R, S, ...]` (padding positions arbitrary); with
     `continuations_only`, as the rows `[last prompt token, cont_k]`."""
-    rows, index = _unshared_index(groups, pack_groups(groups, one_row), continuations_only)
+    rows, index = _unshared_index(groups, pack_groups(groups, layout), continuations_only)
     return per_position[rows.to(per_position.device)[:, None], index.to(per_position.device)]

@@ -3,7 +3,9 @@
 # (scripts/gpu_check/prepare.sh): rmkit against TRL for every recipe on one GPU, one section per process, most
 # important first, each under its own timeout and all within BENCH_BUDGET seconds (default 330: the machine's
 # 10-minute call limit leaves room for a second try). $OUT receives results.json (rewritten after every section),
-# rm_profile.txt and log.txt.
+# rm_profile.txt and log.txt. BENCH_SECTIONS picks the sections and their limits (below), BENCH_VARIANTS the
+# reward-model sections' compiled runs (device_suite.py --variants), BENCH_PROFILE more device_suite.py arguments
+# for the profile section (e.g. '--profile-precision bf16 --profile-override policy.compile=true').
 # Dry run on a CPU (tiny models; slower than the GPU, hence a larger budget and per-section limits):
 #   OUT=/tmp/out BENCH_DEVICE=cpu BENCH_TINY=1 BENCH_INSTALL=0 BENCH_THREADS=1 BENCH_BUDGET=900 BENCH_LIMIT_SCALE=3 \
 #   PYTHON=.venv/bin/python bash scripts/gpu_check/bench.sh
@@ -29,6 +31,9 @@ run() {
     local args=(--device "$DEVICE" --threads "${BENCH_THREADS:-8}" --data-dir .devcheck/data
                 --work-dir "${BENCH_WORK:-/tmp/rmkit-device-suite}" --output "$OUT/results.json")
     [ "${BENCH_TINY:-0}" = 1 ] && args+=(--tiny)
+    [ -n "${BENCH_VARIANTS+set}" ] && args+=(--variants "$BENCH_VARIANTS")
+    # shellcheck disable=SC2206 # BENCH_PROFILE is a list of arguments
+    [ -n "${BENCH_PROFILE:-}" ] && args+=(${BENCH_PROFILE})
     # section:seconds, in the order of importance (BENCH_SECTIONS, default below); a section gets what is left of
     # the budget at most.
     for entry in ${BENCH_SECTIONS:-setup:45 rm_minilm:240 rm_smollm2:200 score:40 profile:70 dpo:60 sft:60 grpo:70}; do

@@ -1,6 +1,6 @@
 """The prompt computed once, several groups packed to a row (on the CPU: all in one row, attended group by group),
 equals the unshared computation: logits at every real position and every parameter's gradient, on tiny random
-Llama and Qwen2 causal LMs, for single completions, pairs (K = 2) and groups of 4, in both layouts; and the
+Llama and Qwen2 causal LMs, for single completions, pairs (K = 2) and groups of 4, in every layout; and the
 continuation rows alone (`continuations_only`) equal those positions of it."""
 
 import pytest
@@ -10,8 +10,12 @@ from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCau
 from rmkit.losses.logprobs import aligned_logprobs
 from rmkit.models import shared_prefix
 from rmkit.models.shared_prefix import (
+    ONE_ROW,
+    PACKED,
+    ROW_PER_GROUP,
     _packed,
     continuation_ends,
+    layout_for,
     pack_groups,
     packed_inputs,
     shared_prefix_logits,
@@ -50,12 +54,12 @@ def _loss(logits, ids, mask):
     return (aligned_logprobs(logits, ids)[:, 1:] * mask[:, 1:]).sum()
 
 
-@pytest.mark.parametrize("one_row", [True, False], ids=["one_row", "packed_rows"])
+@pytest.mark.parametrize("layout", [ONE_ROW, PACKED, ROW_PER_GROUP])
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 @pytest.mark.parametrize("k", [1, 2, 4])
-def test_shared_prefix_equals_unshared_forward_and_gradients(kind, k, one_row, monkeypatch):
+def test_shared_prefix_equals_unshared_forward_and_gradients(kind, k, layout, monkeypatch):
     model, groups = _model(kind), _groups(k)
-    monkeypatch.setattr(shared_prefix, "one_row_layout", lambda *_: one_row)
+    monkeypatch.setattr(shared_prefix, "layout_for", lambda *_: layout)
     expected, ids, mask = _unshared(model, groups)
     expected_loss = _loss(expected, ids, mask)
     expected_grads = torch.autograd.grad(expected_loss, list(model.parameters()))
@@ -84,7 +88,7 @@ def test_the_cpu_takes_one_row_attended_group_by_group_and_restores_the_attentio
     shared_prefix_logits(model, groups, PAD)
     handle.remove()
     assert seen == [shared_prefix.GROUPED_SDPA] and model.config._attn_implementation == "sdpa"
-    packed = packed_inputs(model, groups, PAD, one_row=False)  # what a reward model's forward takes
+    packed = packed_inputs(model, groups, PAD, layout=PACKED)  # what a reward model's forward takes
     assert packed["input_ids"].shape == (3, 21) and packed["attention_mask"].shape == (3, 1, 21, 21)  # a row each
 
 
@@ -110,6 +114,18 @@ def test_groups_pack_into_rows_no_longer_than_the_longest_group():
     assert segment[2].tolist()[:5] == [0, 0, 1, 1, 2] and owner[2].tolist()[:5] == [0] * 5
     rows, positions = continuation_ends(groups)
     assert list(zip(rows.tolist(), positions.tolist())) == [(0, 14), (2, 3), (2, 4), (1, 6), (1, 13)]
+
+
+def test_rows_in_few_shapes_take_a_group_each():
+    """Under CUDA graphs (`width_multiple`) a batch of n groups is n rows, whatever their lengths."""
+    groups = [([1] * 10, [[2] * 5]), ([3] * 2, [[4] * 2, [5]]), ([6] * 4, [[7] * 3]), ([8] * 3, [[9] * 4])]
+    assert layout_for(_model("llama"), width_multiple=32) == ROW_PER_GROUP
+    assert pack_groups(groups, ROW_PER_GROUP) == [(0, 0), (1, 0), (2, 0), (3, 0)]
+    input_ids, _, segment, _, _ = _packed(groups, pad_token_id=0, width_multiple=32, layout=ROW_PER_GROUP)
+    assert input_ids.shape == (4, 32) and input_ids[1].tolist()[:6] == [3, 3, 4, 4, 5, 0]
+    assert segment[1].tolist()[:6] == [0, 0, 1, 1, 2, -1]
+    rows, positions = continuation_ends(groups, ROW_PER_GROUP)
+    assert list(zip(rows.tolist(), positions.tolist())) == [(0, 14), (1, 3), (1, 4), (2, 6), (3, 6)]
 
 
 @pytest.mark.parametrize("k", [1, 2, 4])
