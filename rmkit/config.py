@@ -23,6 +23,7 @@ from rmkit.errors import ConfigError
 
 Precision = Literal["float32", "bfloat16"]
 CompileMode = Literal["default", "reduce-overhead", "max-autotune-no-cudagraphs"]  # torch.compile's modes rmkit takes
+CompileScope = Literal["blocks", "stack"]  # what `policy.compile` compiles as one region
 
 
 @dataclass
@@ -228,6 +229,10 @@ class PolicyConfig:
     compile_mode: CompileMode = "default"
     """torch.compile's `mode` under `compile`; `reduce-overhead` also replays the blocks as CUDA graphs on a GPU
     (rows padded to a multiple of 32 positions), for launch-bound steps: small models, small batches."""
+    compile_scope: CompileScope = "blocks"
+    """What `compile` compiles as one region: `blocks`, each transformer block; `stack`, the module that runs them
+    all (one graph for the forward and one for the backward instead of one per block: fewer calls, a longer
+    first compile)."""
     num_threads: int | None = None
     """torch intra-op threads; None: `RMKIT_NUM_THREADS` or `OMP_NUM_THREADS` or torch's default."""
     dtensor_cfg: DTensorConfig = field(default_factory=DTensorConfig)

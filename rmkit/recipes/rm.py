@@ -146,7 +146,7 @@ def train(cfg: Config) -> RunResult:
                           precision=cfg.policy.precision)
     forward = RewardForward(model)
     if cfg.policy.compile:
-        compiled.compile_blocks(model, cfg.policy.compile_mode)  # in place: parameter names (and checkpoints) are unchanged
+        compiled.compile_blocks(model, cfg.policy.compile_mode, cfg.policy.compile_scope)  # in place: parameter names (and checkpoints) are unchanged
     cuda_graphs = compiled.uses_cuda_graphs(cfg.policy.compile, cfg.policy.compile_mode, device)
     # A decoder's pairs run as one row each, their shared prompt computed once; encoders (and regression
     # rows, which have no partner) in length-planned chunks of padded rows.

@@ -45,13 +45,17 @@ def _assert_same_step(got, want):
         torch.testing.assert_close(grads[name], want_grads[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+@pytest.mark.parametrize("scope", ["blocks", "stack"])
 @pytest.mark.parametrize("decoder", [False, True], ids=["encoder", "decoder"])
-def test_compiled_blocks_give_the_eager_loss_and_gradients(decoder):
+def test_compiled_blocks_give_the_eager_loss_and_gradients(decoder, scope):
     torch._dynamo.reset()
     model = _classifier("llama", "sdpa") if decoder else _encoder()
     want = _step(copy.deepcopy(model), decoder)
-    compiled.compile_blocks(model, "default")
-    assert all(layer._compiled_call_impl is not None for layer in transformer_layers(model))
+    compiled.compile_blocks(model, "default", scope)
+    stack = model.model if decoder else model.bert.encoder  # the module that runs the blocks
+    regions = transformer_layers(model) if scope == "blocks" else [stack]
+    assert all(region._compiled_call_impl is not None for region in regions)
+    assert compiled.has_compiled_blocks(model)
     _assert_same_step(_step(model, decoder), want)
     _assert_same_step(_step(model, decoder), want)  # the next step: compiled already
     with compiled.eager():  # validation's stance: the blocks' own code
