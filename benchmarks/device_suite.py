@@ -217,6 +217,8 @@ COMPILED = {
     "rmkit_compiled_cuda_graphs": ["--sides", "rmkit", "--rmkit-override", "policy.compile=true",
                                    "--rmkit-override", "policy.compile_mode=reduce-overhead"],
     "rmkit_compiled": ["--sides", "rmkit", "--rmkit-override", "policy.compile=true"],
+    "rmkit_compiled_stack": ["--sides", "rmkit", "--rmkit-override", "policy.compile=true",
+                             "--rmkit-override", "policy.compile_scope=stack"],
     "trl_compiled": ["--sides", "trl", "--trl-compile"],
 }
 
@@ -276,7 +278,7 @@ def section_rm_minilm(args, results):
 
 def section_rm_smollm2(args, results):
     return train_rm(args, results, "rm_smollm2", "smollm2", "bf16", ("rmkit_compiled_stack_cuda_graphs", "rmkit_compiled_cuda_graphs",
-                                                                   "rmkit_compiled"))
+                                                                   "rmkit_compiled", "rmkit_compiled_stack"))
 
 
 def section_dpo(args, results: dict) -> dict:

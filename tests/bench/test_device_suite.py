@@ -23,7 +23,7 @@ def test_matmul_params_count_a_tied_lm_head_once(tiny_policy):
 def test_device_suite_runs_every_section_on_cpu(shared_data, tmp_path):
     out = tmp_path / "out" / "results.json"
     status = device_suite.main(["--device", "cpu", "--tiny", "--threads", "1", "--data-dir", str(shared_data),
-                                "--variants", "rmkit_compiled_cuda_graphs",  # one compiled run: each compiles ~40 s
+                                "--variants", "rmkit_compiled_stack_cuda_graphs",  # one compiled run: each compiles ~40 s
                                 "--work-dir", str(tmp_path / "work"), "--output", str(out)])
     results = json.loads(out.read_text())
     assert status == 0, {k: v.get("error") for k, v in results.items() if isinstance(v, dict)}
@@ -41,9 +41,9 @@ def test_device_suite_runs_every_section_on_cpu(shared_data, tmp_path):
     for name in ("rm_minilm", "rm_smollm2"):
         summary = results[name]["summary"]
         assert set(summary) == {"bf16"}
-        variant = results[name]["variants"]["rmkit_compiled_cuda_graphs"]  # on a CPU: compiled blocks, no graphs
+        variant = results[name]["variants"]["rmkit_compiled_stack_cuda_graphs"]  # on a CPU: compiled, no graphs
         assert variant["status"] == 0 and variant["pairs_per_s"] > 0 and variant["pairs_per_s_over_trl"] > 0
-        assert set(results[name]["variants"]) == {"rmkit_compiled_cuda_graphs"}
+        assert set(results[name]["variants"]) == {"rmkit_compiled_stack_cuda_graphs"}
         for row in summary.values():
             for side in ("trl", "rmkit"):
                 assert row[side]["pairs_per_s"] > 0 and row[side]["mfu"]["vs_measured_bf16_matmul"] > 0
