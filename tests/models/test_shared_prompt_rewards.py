@@ -1,6 +1,7 @@
 """Decoder reward models train on pairs with the prompt computed once (`SharedPromptRewards`): the rewards, the
 loss and every parameter's gradient equal the padded-rows computation (`ChunkedRewards`) within float32
-rounding, on tiny random Llama and Qwen2 classifiers, with sdpa and eager attention."""
+rounding, on tiny random Llama and Qwen2 classifiers, with sdpa and eager attention, with the pairs packed to rows
+and one to a row with rows padded to few widths (as under CUDA graphs)."""
 
 import copy
 import math
@@ -58,14 +59,15 @@ def test_pair_groups_share_the_common_prefix_and_keep_a_token_on_each_side():
     assert groups == [([5, 6], [[7, 8], [9]]), ([1], [[2, 3], [2]]), ([4], [[4], [4]]), ([], [[3], [2, 3]])]
 
 
+@pytest.mark.parametrize("cuda_graphs", [False, True], ids=["packed", "row_per_pair"])
 @pytest.mark.parametrize("overhead", [math.inf, 32, 0])  # one chunk; planned chunks; every group alone
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_shared_prompt_rewards_equal_each_row_scored_alone(kind, attention, overhead):
+def test_shared_prompt_rewards_equal_each_row_scored_alone(kind, attention, overhead, cuda_graphs):
     model = _classifier(kind, attention).eval()
     pairs = _pairs()
     with torch.no_grad():
-        got = SharedPromptRewards(RewardForward(model), PAD)(pair_groups(pairs), overhead)
+        got = SharedPromptRewards(RewardForward(model), PAD, cuda_graphs)(pair_groups(pairs), overhead)
         rows = [ids for pair in pairs for ids in (pair.chosen_ids, pair.rejected_ids)]
         alone = torch.cat([compute_rewards(model, torch.tensor([row]), torch.ones(1, len(row), dtype=torch.long))
                            for row in rows])
