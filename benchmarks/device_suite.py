@@ -4,8 +4,8 @@
     profile     configs/rm.yaml's reward-model step in fp32 and bf16 under torch.profiler (rm_profile.py; or in the
                 precisions and with the overrides `--profile-precision` and `--profile-override` give)
     rm_minilm   reward model, MiniLM: TRL's RewardTrainer vs `rmkit train`, bf16 (train_vs_trl.py), then rmkit with
-                compiled blocks (`policy.compile`, with and without CUDA graphs, the blocks one region each or all one) and TRL
-                with `torch_compile`
+                compiled blocks (`policy.compile`, with and without CUDA graphs, the blocks one region each or all
+                one) and TRL with `torch_compile`
     dpo         DPO of SmolLM2-135M, bf16 (dpo_vs_trl.py)
     sft         SFT of SmolLM2-135M, bf16: TRL, rmkit, rmkit packed (sft_vs_trl.py)
     rm_smollm2  reward model, the SmolLM2-135M decoder, bf16 (train_vs_trl.py --workload smollm2), and rmkit's
@@ -277,8 +277,8 @@ def section_rm_minilm(args, results):
 
 
 def section_rm_smollm2(args, results):
-    return train_rm(args, results, "rm_smollm2", "smollm2", "bf16", ("rmkit_compiled_stack_cuda_graphs", "rmkit_compiled_cuda_graphs",
-                                                                   "rmkit_compiled", "rmkit_compiled_stack"))
+    variants = ("rmkit_compiled_stack_cuda_graphs", "rmkit_compiled_cuda_graphs", "rmkit_compiled", "rmkit_compiled_stack")
+    return train_rm(args, results, "rm_smollm2", "smollm2", "bf16", variants)
 
 
 def section_dpo(args, results: dict) -> dict:

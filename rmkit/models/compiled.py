@@ -8,7 +8,8 @@ chunking) has to trace. With `stack`, the module that runs the blocks one after 
 Llama's base model) is compiled instead: one region per forward, whose every call costs a guard check and
 autograd's wrapper once instead of once per block (on an H200, each of MiniLM's six compiled blocks under CUDA
 graphs cost about 1 ms of CPU a step, forward and backward, in a 16 ms step that kept the GPU busy 4.2 ms; as one
-stack, MiniLM trained 2.26x TRL's pairs/s), for a longer first compile. Parameter names, and so checkpoints and exports, are unchanged either way.
+stack, MiniLM trained 2.26x TRL's pairs/s), for a longer first compile. Parameter names, and so checkpoints and
+exports, are unchanged either way.
 
 `policy.compile_mode` is torch.compile's `mode`. `reduce-overhead` also replays each block as a CUDA graph on
 a GPU: one launch instead of dozens per block, for steps that are launch-bound (a small model at a small batch:
