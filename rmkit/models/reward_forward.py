@@ -17,7 +17,7 @@ from rmkit.data.collate import pad_right
 from rmkit.data.tokenize import TokenizedPair
 from rmkit.distributed import is_sharded
 from rmkit.models import compiled
-from rmkit.models.shared_prefix import PACKED, ROW_PER_GROUP, Group, continuation_ends, packed_inputs
+from rmkit.models.shared_prefix import Group, continuation_ends, layout_for, packed_inputs
 from rmkit.wrappers import unwrap_model
 
 # MiniLM on 2 CPU threads (a forward+backward pass has ~250 small ops whose fixed cost is that of
@@ -115,7 +115,7 @@ class SharedPromptRewards(torch.nn.Module):
         multiple = compiled.CUDA_GRAPH_LENGTH_MULTIPLE if self.cuda_graphs else None
         # `RewardForward` takes a mask, not grouped attention's spans: rows packed, or under CUDA graphs one per
         # group, so that a micro-batch's row count is fixed and its shapes few
-        layout = ROW_PER_GROUP if self.cuda_graphs else PACKED
+        layout = layout_for(self.reward_forward.model, multiple, grouped=False)
         if self.cuda_graphs:
             compiled.begin_step()
         inputs = []

@@ -145,12 +145,13 @@ def one_row_layout(model: torch.nn.Module) -> bool:
             and not has_sliding_layers(model) and not has_compiled_blocks(model))
 
 
-def layout_for(model: torch.nn.Module, width_multiple: int | None = None) -> str:
+def layout_for(model: torch.nn.Module, width_multiple: int | None = None, grouped: bool = True) -> str:
     """The layout `packed_inputs` gives `model`'s groups: `ROW_PER_GROUP` where rows must come in few shapes
-    (`width_multiple`), `ONE_ROW` where `one_row_layout` allows it, `PACKED` elsewhere."""
+    (`width_multiple`), `ONE_ROW` where `one_row_layout` allows it and the caller's forward takes grouped
+    attention (`grouped`; a forward that takes only a mask cannot), `PACKED` elsewhere."""
     if width_multiple is not None:
         return ROW_PER_GROUP
-    return ONE_ROW if one_row_layout(model) else PACKED
+    return ONE_ROW if grouped and one_row_layout(model) else PACKED
 
 
 @contextmanager

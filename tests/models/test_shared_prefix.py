@@ -116,6 +116,15 @@ def test_groups_pack_into_rows_no_longer_than_the_longest_group():
     assert list(zip(rows.tolist(), positions.tolist())) == [(0, 14), (2, 3), (2, 4), (1, 6), (1, 13)]
 
 
+def test_a_forward_without_grouped_attention_never_gets_one_row():
+    """A CPU decoder takes its groups in one row, unless the caller's forward takes only a mask (a reward
+    model's): then packed rows, or a row per group under CUDA graphs."""
+    model = _model("llama")
+    assert layout_for(model) == ONE_ROW
+    assert layout_for(model, grouped=False) == PACKED
+    assert layout_for(model, width_multiple=32, grouped=False) == ROW_PER_GROUP
+
+
 def test_rows_in_few_shapes_take_a_group_each():
     """Under CUDA graphs (`width_multiple`) a batch of n groups is n rows, whatever their lengths."""
     groups = [([1] * 10, [[2] * 5]), ([3] * 2, [[4] * 2, [5]]), ([6] * 4, [[7] * 3]), ([8] * 3, [[9] * 4])]
