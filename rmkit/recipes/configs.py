@@ -425,6 +425,10 @@ class PPOLoopConfig(RLLoopConfig):
     """Steps in which only the critic trains (critic warmup); the policy's learning rate is 0 until then."""
     adv_estimator: GAEConfig = field(default_factory=GAEConfig)
     """Generalized advantage estimation."""
+    shuffle_minibatches: bool = False
+    """Each epoch takes the rollout's rows in a new order, drawn from (seed, step, epoch), before cutting it into
+    global batches (TRL, OpenRLHF); false: the same batches in the rollout's order every epoch (NeMo RL). Under
+    torchrun each rank shuffles its own share."""
     seq_logprob_error_threshold: float | None = None
     """Leave out of the update a completion whose mean `exp(|generation - training log-prob|)` exceeds this
     (the sampler and the trainer disagree); null: only logged."""

@@ -15,7 +15,8 @@ export. One step, as NeMo RL's `ppo_train` does it:
    critic's clipped value loss (`MseValueLossFn`) and the policy's `ClippedPGLossFn`, each over
    micro-batches with global-count normalization, each clipped to its own gradient norm, one AdamW step
    over both (the critic first in NeMo RL; the two losses share no parameters, so the order changes
-   nothing). For `ppo.policy_training_start_step` steps only the critic trains.
+   nothing). Each epoch takes the rollout's rows in order, or with `ppo.shuffle_minibatches` in an order of its
+   own (`epoch_rows`). For `ppo.policy_training_start_step` steps only the critic trains.
 
 The critic is a decoder classifier whose head is read at every token (`rmkit.models.critic`): by default the
 reward model when it is one with the policy's vocabulary (NeMo Aligner, OpenRLHF), else the policy's
@@ -30,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from rmkit import distributed as dist
@@ -337,9 +339,10 @@ def update_actor_critic(cfg, critic_cfg, state, models: Models, batch, loss_fn, 
     per_rank = policy_cfg.train_global_batch_size // world
     policy_micro, critic_micro = policy_cfg.train_micro_batch_size, critic_cfg.train_micro_batch_size
     policy_steps, critic_steps = [], []
-    for _ in range(cfg.ppo.ppo_epochs):
+    for epoch in range(cfg.ppo.ppo_epochs):
+        epoch_batch = epoch_rows(batch, cfg.ppo, state.step, epoch)
         for start in range(0, len(batch["input_ids"]), per_rank):
-            rows = slice_rows(batch, start, start + per_rank)
+            rows = slice_rows(epoch_batch, start, start + per_rank)
             sample_mask = rows["sample_mask"]
             counts = torch.stack([sample_mask.sum(), (rows["token_mask"][:, 1:] * sample_mask[:, None]).sum()])
             gvs, gvt = dist.all_reduce_sum(counts.to(device)).unbind()
@@ -380,6 +383,15 @@ def update_actor_critic(cfg, critic_cfg, state, models: Models, batch, loss_fn, 
     # In critic warmup the policy is still the reference (KL 0) and learns at lr 0: no loss to report.
     policy = mean_over_updates(policy_steps) if policy_steps else {"train/kl_penalty": 0.0, "train/lr": 0.0}
     return {**policy, **critic}
+
+
+def epoch_rows(batch: dict, loop, step: int, epoch: int) -> dict:
+    """This rank's rollout as epoch `epoch` of step `step` takes it: as it is, or with `ppo.shuffle_minibatches`
+    its rows in an order drawn from (seed, step, epoch), so that a resumed run draws the same."""
+    if not loop.shuffle_minibatches:
+        return batch
+    order = torch.from_numpy(np.random.default_rng([loop.seed, step, epoch]).permutation(len(batch["input_ids"])))
+    return {k: v[order] for k, v in batch.items()}
 
 
 def global_loss(metrics: dict, device: torch.device) -> float:

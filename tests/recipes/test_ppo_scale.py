@@ -33,7 +33,8 @@ def _resume_args(tiny_policy, tiny_reward_model, prompt_files, out):
     train, val = prompt_files
     return [*ppo_overrides(tiny_policy, tiny_reward_model, train, val, out, steps=STEPS), "checkpointing.save_period=2",
             "checkpointing.keep_top_k=null", "ppo.val_period=3", "logger.plots=false", "ppo.max_num_epochs=2",
-            "ppo.kl_target=0.001", "ppo.policy_training_start_step=1"]  # the KL coefficient moves, warmup passes
+            "ppo.kl_target=0.001", "ppo.policy_training_start_step=1",  # the KL coefficient moves, warmup passes
+            "ppo.shuffle_minibatches=true"]  # each epoch's order is drawn again on resume
 
 
 def _metrics(out: Path) -> list[dict]:
