@@ -14,7 +14,9 @@ with the policy's chat template by rmkit's `render_prompt`: TRL gets those token
 the same way), one completion per prompt (TRL's PPO samples one), `--max-new-tokens`, temperature (top-p 1, no
 top-k), stopping at EOS, the old log-probs taken from the sampler (TRL from the generation's scores, rmkit with
 `ppo.prev_logprobs_from_generation`), `--ppo-epochs` passes over each rollout in `--minibatches` optimizer steps of
-one micro-batch each, AdamW over policy and critic (one lr, betas (0.9, 0.999), eps 1e-8, no weight decay, no
+one micro-batch each, cut from the rollout in a new random order every epoch (TRL's way; rmkit's
+`ppo.shuffle_minibatches: true`, set since 2026-11-27; earlier results, whose `configs.rmkit` lacks the key,
+took NeMo RL's fixed order), AdamW over policy and critic (one lr, betas (0.9, 0.999), eps 1e-8, no weight decay, no
 gradient clipping: TRL's PPOTrainer clips nothing), constant schedule, the PPO ratio clipped at 0.2, the critic's
 value loss `vf_coef * 0.5 * mean(max((V - R)^2, (clip(V, V_old +- cliprange_value) - R)^2))` over the tokens,
 the token-level policy loss, GAE (`--gae-lambda`, `--gamma`) with the advantages whitened over the rollout's
@@ -35,9 +37,8 @@ Known differences, each side as it ships:
 - padding: SmolLM2 pads with EOS, which its chat template also uses to end each turn, and TRL masks every pad id
   out of attention and ends a completion at its first pad: TRL's side pads with the unknown token instead;
 - rmkit clamps the KL estimate (input 20, output 10, rarely reached); TRL whitens with `rsqrt(var + 1e-8)`;
-- each side shuffles the prompts and draws its samples from its own RNG (different rollouts);
-- TRL reshuffles the rollout into new mini-batches every epoch; rmkit, as NeMo RL, takes the same mini-batches in
-  the rollout's order each epoch.
+- each side shuffles the prompts, draws its samples and orders its mini-batches from its own RNG (different
+  rollouts).
 
 Timed per PPO step (one rollout and its epochs) by the harness clock (`benchmarks/harness.py`), hooked the same way
 on both sides (every word-embedding table, the optimizer-step hook, wrapped module attributes: TRL's
@@ -161,7 +162,8 @@ def rmkit_config(spec: dict) -> dict:
                 "adv_estimator": {"name": "gae", "gae_lambda": spec["gae_lambda"], "gae_gamma": spec["gamma"],
                                   "normalize_advantages": True},
                 "kl_target": None, "val_period": 0, "val_at_start": False, "val_at_end": False,
-                "prev_logprobs_from_generation": True, "seed": spec["seed"], "log_period": 1},
+                "prev_logprobs_from_generation": True, "shuffle_minibatches": True, "seed": spec["seed"],
+                "log_period": 1},
         "loss_fn": {"reference_policy_kl_penalty": spec["kl_coef"], "reference_policy_kl_type": "k1",
                     "use_kl_in_reward": True, "ratio_clip_min": spec["cliprange"],
                     "ratio_clip_max": spec["cliprange"], "token_level_loss": True},

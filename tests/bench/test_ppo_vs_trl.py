@@ -70,6 +70,7 @@ def test_both_configs_carry_the_same_settings(tmp_path):
     assert ppo["num_prompts_per_step"] * ppo["num_generations_per_prompt"] == 12
     assert 12 // trl["num_mini_batches"] == policy["train_global_batch_size"] == policy["train_micro_batch_size"] == 4
     assert trl["num_ppo_epochs"] == ppo["ppo_epochs"] == 4
+    assert ppo["shuffle_minibatches"]  # TRL cuts each epoch's mini-batches from a new permutation
     assert trl["total_episodes"] == ppo["max_num_steps"] * 12 == 60
     # sampling, optimizer, KL, GAE, clipping
     assert trl["response_length"] == policy["generation"]["max_new_tokens"] == 40
