@@ -109,6 +109,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--trl-from", type=Path, metavar="RESULTS.json",
                         help="take the TRL run (its numbers and saved policy) from an earlier results file with the "
                              "same settings instead of running it again; with --sides rmkit")
+    parser.add_argument("--rmkit-set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a dotted `rmkit ppo` override on top of the matched config (repeatable): a variant "
+                             "of rmkit's side, recorded under `rmkit_overrides`; the TRL side is unchanged")
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rmkit-bench-ppo"))
     parser.add_argument("--output", type=Path, help="results JSON (default: benchmarks/results/ppo_vs_trl.json, "
@@ -277,7 +280,7 @@ def train_rmkit(spec: dict, clock: harness.PhaseClock) -> list[dict]:
     out = Path(spec["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.yaml").write_text(yaml.safe_dump(rmkit_config(spec), sort_keys=False))
-    status = rmkit_main(["ppo", "--config", str(out / "bench.yaml")])
+    status = rmkit_main(["ppo", "--config", str(out / "bench.yaml"), *spec.get("rmkit_set", [])])
     if status != 0:
         raise SystemExit(f"rmkit ppo exited with status {status}")
     (out / "final").rename(spec["model_out"])
@@ -367,7 +370,7 @@ def run_side(args, data: dict, side: str) -> dict:
         shutil.rmtree(out_dir)
     spec = {"side": side, **settings(args), "policy_dir": data["policy_dir"], "reward_model": data["reward_model"],
             "prompts_file": data["prompts_file"], "prompt_ids_file": data["prompt_ids_file"],
-            "out_dir": str(out_dir / "run"), "model_out": str(out_dir / "model")}
+            "out_dir": str(out_dir / "run"), "model_out": str(out_dir / "model"), "rmkit_set": args.rmkit_set}
     python = args.trl_python if side == "trl" else sys.executable
     result = harness.launch(__file__, spec, out_dir, "cpu", f"{side} run", python=python)
     if side == "rmkit":  # the critic must have started from the reward model, as TRL's value_model does
@@ -490,6 +493,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {**settings(args), "policy": "tiny random Llama (--smoke)" if args.smoke else args.policy,
                      "reward_model": data["reward_model"], "held_out_prompts": len(data["held_out"])},
         "configs": {"trl": trl_config(spec), "rmkit": rmkit_config(spec)},
+        **({"rmkit_overrides": args.rmkit_set} if args.rmkit_set else {}),
         "kl": {"trl": "kl_coef x k1 (log pi - log pi_ref) per token subtracted from the reward, the score added one "
                       "position after the completion's last token; no KL in the loss",
                "rmkit": "reference_policy_kl_penalty x k1 per token subtracted from the reward (use_kl_in_reward, "

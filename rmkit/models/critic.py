@@ -3,6 +3,9 @@
 `values[b, t]` of the head is V(input_ids[b, :t + 1]), the value of the state after token t (the layout of
 `rmkit.losses.value`'s `value_head_output`; `aligned_values` shifts it to the state in which token t is
 generated). A bidirectional encoder cannot be a critic: its output at token t has seen the tokens after it.
+
+A critic may carry a constant offset, `config.rmkit_value_offset` (saved with it, 0 when absent): its values are
+the head's output minus it. A PPO run sets it on its first rollout (`value.calibrate_offset`).
 """
 
 from __future__ import annotations
@@ -45,8 +48,9 @@ def load_critic(name_or_path: str | Path, dtype: torch.dtype = torch.float32):
 
 class TokenValues(torch.nn.Module):
     """`forward(input_ids, attention_mask, position_ids, **attention) -> [B, L]` float32: the critic's head at every
-    position (`attention`: what the backbone's attention takes besides, `packed_inputs`' `rmkit_groups`). The
-    module a training loop calls (and DDP wraps); `self.model` is the transformers classifier."""
+    position minus its `value_offset` (`attention`: what the backbone's attention takes besides, `packed_inputs`'
+    `rmkit_groups`). The module a training loop calls (and DDP wraps); `self.model` is the transformers
+    classifier."""
 
     def __init__(self, model: torch.nn.Module):
         super().__init__()
@@ -58,7 +62,17 @@ class TokenValues(torch.nn.Module):
         backbone = getattr(reader, reader.base_model_prefix)
         hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                           use_cache=False, **attention).last_hidden_state
-        return reader.score(hidden).squeeze(-1).float()
+        return reader.score(hidden).squeeze(-1).float() - value_offset(self.model)
+
+
+def value_offset(critic: torch.nn.Module) -> float:
+    """What `TokenValues` subtracts from the critic's head: `config.rmkit_value_offset`, 0 when it has none."""
+    return float(getattr(transformers_model(critic).config, "rmkit_value_offset", 0.0))
+
+
+def set_value_offset(critic: torch.nn.Module, offset: float) -> None:
+    """Make `offset` what `TokenValues` subtracts from the critic's head (kept in its config, so it is exported)."""
+    transformers_model(critic).config.rmkit_value_offset = float(offset)
 
 
 def shared_prefix_values(forward: torch.nn.Module, critic: torch.nn.Module, groups: Sequence[Group],

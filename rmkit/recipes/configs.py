@@ -470,6 +470,13 @@ class ValueConfig:
     """Clip the critic's gradient norm to this; null: no clipping."""
     gradient_checkpointing: bool = False
     """Recompute the critic's activations in backward."""
+    calibrate_offset: bool = True
+    """On the run's first rollout, shift the critic's values by one constant so that their mean over the response
+    tokens equals the mean Monte Carlo return there (kept in the critic's `config.rmkit_value_offset`, logged as
+    `critic/value_offset`). A reward model read inside a response is not read where it was trained: the
+    SmolLM2 HH reward model reads +1.5 above its score there, which the clipped value loss undoes by at most
+    `value_loss_fn.cliprange` a step and which until then gives every completion's last tokens a large negative
+    advantage. false: the critic's head as it loads."""
 
     def __post_init__(self):
         _check(self.max_grad_norm is None or self.max_grad_norm > 0, "value.max_grad_norm", "must be > 0 or null")

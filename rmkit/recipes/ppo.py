@@ -10,7 +10,8 @@ export. One step, as NeMo RL's `ppo_train` does it:
    initial weights);
 4. GAE (`rmkit.losses.value.gae_advantages`): the reward at the last token, minus the KL per token when
    `loss_fn.use_kl_in_reward` (else the KL is in the loss), advantages whitened over all ranks' tokens and the
-   critic's returns;
+   critic's returns; on the run's first rollout the critic's values are first shifted by one constant to the
+   rollout's mean Monte Carlo return (`value.calibrate_offset`, `calibrate_critic`);
 5. `ppo_epochs` passes over the rollout, `train_global_batch_size` completions per optimizer step: the
    critic's clipped value loss (`MseValueLossFn`) and the policy's `ClippedPGLossFn`, each over
    micro-batches with global-count normalization, each clipped to its own gradient norm, one AdamW step
@@ -47,8 +48,10 @@ from rmkit.models.critic import (
     check_critic_path,
     is_scalar_classifier,
     load_critic,
+    set_value_offset,
     shared_prefix_values,
     shares_vocabulary,
+    value_offset,
 )
 from rmkit.models.policy import load_training_policy
 from rmkit.models.reward import load_tokenizer
@@ -139,6 +142,7 @@ def train(cfg: PPOConfig) -> RunResult:
     saved, logger = resume(run, state, steps)
     if run.resume_from:
         restore_rl_loop_state(saved, generator, kl, watch)
+        set_value_offset(critic, saved.get("value_offset", value_offset(critic)))
     announce(f"PPO on {cfg.policy.model_name} with a critic", both, f"{steps} step{'' if steps == 1 else 's'} of "
              f"{cfg.ppo.num_prompts_per_step} prompts x {cfg.ppo.num_generations_per_prompt}, "
              f"{cfg.ppo.ppo_epochs} epochs each", device, cfg.policy.precision)
@@ -176,8 +180,8 @@ def train(cfg: PPOConfig) -> RunResult:
             val_metrics = run_validation(cfg.ppo, policy, tokenizer, env, val_prompts, params, logger, run.log_dir,
                                          state.step, watch)
         if when.save(state.step):
-            save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics,
-                                                               **rl_loop_state(generator, kl, watch)}, tokenizer)
+            save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics, "value_offset": value_offset(
+                critic), **rl_loop_state(generator, kl, watch)}, tokenizer)
     bar.close()
     if cfg.ppo.val_at_end or not val_metrics:
         val_metrics = run_validation(cfg.ppo, policy, tokenizer, env, val_prompts, params, logger, run.log_dir,
@@ -186,10 +190,11 @@ def train(cfg: PPOConfig) -> RunResult:
 
     # --- the last checkpoint, the export of both models (rank 0: policy in final/, critic in final/critic/), plots
     final_dir = finish_run(run, state, logger, val_metrics, tokenizer,
-                           export=lambda whole, folder: export_both(whole, tokenizer, critic_tokenizer, folder, cfg),
+                           export=lambda whole, folder: export_both(whole, tokenizer, critic_tokenizer, folder, cfg,
+                                                                    value_offset(critic)),
                            load_unsharded=lambda: ActorCritic(load_training_policy(cfg.policy, torch.device("cpu"))[0],
                                                               build_critic(cfg, tokenizer, torch.device("cpu"), False)[1]),
-                           extra=rl_loop_state(generator, kl, watch))
+                           extra={"value_offset": value_offset(critic), **rl_loop_state(generator, kl, watch)})
     plots = []
     if cfg.logger.plots and dist.is_main():
         plots = [p for p in [plot_curves(logger.history, run.log_dir / "ppo_curves.png", CURVES)] if p]
@@ -282,13 +287,17 @@ def ppo_step(cfg, critic_cfg, state, models: Models, tokenizer, env, loss_fn, va
                 params.temperature, policy_cfg.precision)
     timing["policy_and_reference_logprobs"], t0 = time.perf_counter() - t0, time.perf_counter()
     mismatch = mask_logprob_mismatch(batch, cfg.ppo.seq_logprob_error_threshold)
-    batch["advantages"], batch["returns"] = compute_advantages(cfg, rewards, batch, loss_fn.cfg["reference_policy_kl_penalty"])
+    kl_penalty = loss_fn.cfg["reference_policy_kl_penalty"]
+    if cfg.value.calibrate_offset and state.step == 0:
+        calibrate_critic(cfg, models.critic, batch, rewards, kl_penalty)
+    batch["advantages"], batch["returns"] = compute_advantages(cfg, rewards, batch, kl_penalty)
     batch["rewards"] = rewards
     train_policy = state.step >= cfg.ppo.policy_training_start_step
     train_metrics = update_actor_critic(cfg, critic_cfg, state, models, batch, loss_fn, value_loss_fn,
                                         params.temperature, train_policy)
     timing["training"] = time.perf_counter() - t0
-    metrics = {**rollout_metrics(rollout, rewards, batch, timing["generation"]), **train_metrics, **mismatch}
+    metrics = {**rollout_metrics(rollout, rewards, batch, timing["generation"]), **train_metrics, **mismatch,
+               "train/critic/value_offset": value_offset(models.critic)}
     return {**metrics, **{f"timing/train/{k}": v for k, v in timing.items()}}
 
 
@@ -313,10 +322,32 @@ def critic_head(values_forward, critic, mb: dict, precision: str) -> tuple[torch
     return head, continuation_view(mb)
 
 
-def compute_advantages(cfg, rewards: torch.Tensor, batch: dict, kl_penalty: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """GAE advantages and returns `[N, S]` (`ppo.adv_estimator`), the KL in the reward with `kl_penalty` when
-    `loss_fn.use_kl_in_reward`, whitened over every rank's tokens."""
-    gae, loss = cfg.ppo.adv_estimator, cfg.loss_fn
+def calibrate_critic(cfg, critic, batch: dict, rewards: torch.Tensor, kl_penalty: float) -> None:
+    """`value.calibrate_offset`: the constant `c` that makes the critic's mean value over every rank's response
+    tokens equal their mean Monte Carlo return (GAE's returns at lambda 1: the reward, less the KL in it, summed
+    from each token on), added to the critic's offset and taken off `batch["values"]`; rank 0 says what it did."""
+    monte_carlo = replace(cfg.ppo.adv_estimator, gae_lambda=1.0, gae_lambda_value=None, gae_lambda_policy=None,
+                          length_adaptive_alpha=0.0, normalize_advantages=False)
+    _, returns = compute_advantages(cfg, rewards, batch, kl_penalty, monte_carlo)
+    mask = response_mask(batch["token_mask"], batch["sample_mask"]).to(torch.float64)
+    sums = torch.stack([(batch["values"] * mask).sum(), (returns * mask).sum(), mask.sum()]).to(torch.float64)
+    value_sum, return_sum, tokens = dist.all_reduce_sum(sums).tolist()
+    if tokens == 0:
+        return
+    mean_value, mean_return = value_sum / tokens, return_sum / tokens
+    set_value_offset(critic, value_offset(critic) + mean_value - mean_return)
+    batch["values"] = batch["values"] - (mean_value - mean_return)
+    if dist.is_main():
+        print(f"rmkit: critic: values shifted by {mean_return - mean_value:+.4f}: on the first rollout they averaged "
+              f"{mean_value:.4f} over the response tokens, the returns {mean_return:.4f} (value.calibrate_offset)",
+              file=sys.stderr)
+
+
+def compute_advantages(cfg, rewards: torch.Tensor, batch: dict, kl_penalty: float,
+                       estimator=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """GAE advantages and returns `[N, S]` (`estimator`, default `ppo.adv_estimator`), the KL in the reward with
+    `kl_penalty` when `loss_fn.use_kl_in_reward`, whitened over every rank's tokens when the estimator says so."""
+    gae, loss = estimator or cfg.ppo.adv_estimator, cfg.loss_fn
     return gae_advantages(
         rewards, batch["values"], response_mask(batch["token_mask"], batch["sample_mask"]), gae_gamma=gae.gae_gamma,
         gae_lambda=gae.gae_lambda, normalize_advantages=gae.normalize_advantages,
@@ -399,7 +430,9 @@ def global_loss(metrics: dict, device: torch.device) -> float:
     return float(dist.all_reduce_sum(torch.as_tensor(metrics["loss"], device=device).detach().clone()))
 
 
-def export_both(both: ActorCritic, tokenizer, critic_tokenizer, folder: Path, cfg: PPOConfig) -> None:
-    """The policy as a causal LM in `folder`, the critic as a sequence classifier in `folder/critic`."""
+def export_both(both: ActorCritic, tokenizer, critic_tokenizer, folder: Path, cfg: PPOConfig, offset: float) -> None:
+    """The policy as a causal LM in `folder`, the critic as a sequence classifier in `folder/critic` with its value
+    `offset` in its config (`rmkit.models.critic`)."""
     export_policy(both.policy, tokenizer, folder, cfg)
+    set_value_offset(both.critic, offset)
     save_hf_model(both.critic, critic_tokenizer, folder / "critic")
