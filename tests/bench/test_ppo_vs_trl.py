@@ -112,6 +112,7 @@ def test_smoke_run_end_to_end(shared_data, tmp_path):
                    and step["logprobs"] > 0 and step["training"] > 0 and step["generated_tokens"] > 0
                    for step in run["steps"]), run["steps"]
     assert payload["runs"][1]["critic"].endswith(": the reward model")
+    assert "values shifted by" in (tmp_path / "work" / "rmkit" / "log.txt").read_text()  # value.calibrate_offset
     assert set(payload["held_out_reward"]) == {"initial", "trl", "rmkit"}
     assert all(len(h["rewards"]) == ppo_vs_trl.SMOKE["eval_prompts"] for h in payload["held_out_reward"].values())
     assert payload["speedup_rmkit_over_trl"] > 0
@@ -131,3 +132,19 @@ def test_smoke_run_end_to_end(shared_data, tmp_path):
     assert set(rescored["paired_differences"]) == {"trl - initial", "rmkit - initial", "trl - rmkit"}
     trl_minus_rmkit = [a - b for a, b in zip(rescored["rewards"]["trl"]["rewards"], rescored["rewards"]["rmkit"]["rewards"])]
     assert rescored["paired_differences"]["trl - rmkit"]["mean"] == pytest.approx(sum(trl_minus_rmkit) / 3)
+
+
+@pytest.mark.slow  # ~40 s: one training subprocess
+def test_rmkit_set_runs_a_variant_of_rmkits_side_and_records_it(shared_data, tmp_path):
+    out = tmp_path / "variant.json"
+    overrides = ["value.calibrate_offset=false", "ppo.reward_scaling.enabled=true"]
+    assert ppo_vs_trl.main(["--smoke", "--sides", "rmkit", "--threads", "1", "--data-dir", str(shared_data),
+                            "--work-dir", str(tmp_path / "work"), "--output", str(out),
+                            *[arg for o in overrides for arg in ("--rmkit-set", o)]]) == 0
+    payload = json.loads(out.read_text())
+    assert payload["rmkit_overrides"] == overrides and [r["side"] for r in payload["runs"]] == ["rmkit"]
+    assert "values shifted by" not in (tmp_path / "work" / "rmkit" / "log.txt").read_text()
+    metrics = [json.loads(line) for line in (tmp_path / "work" / "rmkit" / "run" / "logs" / "metrics.jsonl")
+               .read_text().splitlines() if "train/reward" in line]
+    assert metrics and all(0 <= m["train/reward"] <= 1 for m in metrics)  # scaled into [0, 1]
+    assert all(m["train/critic/value_offset"] == 0.0 for m in metrics)
