@@ -140,6 +140,10 @@ def train(cfg: PPOConfig) -> RunResult:
     kl = KLCoefficient(cfg.loss_fn.reference_policy_kl_penalty, cfg.ppo.kl_target, cfg.ppo.kl_horizon)
     watch = HackingWatch.of(cfg.ppo)
     saved, logger = resume(run, state, steps)
+
+    def loop_state() -> dict:  # what checkpoints keep besides the weights: the RL loop's and the critic's offset
+        return {"value_offset": value_offset(critic), **rl_loop_state(generator, kl, watch)}
+
     if run.resume_from:
         restore_rl_loop_state(saved, generator, kl, watch)
         set_value_offset(critic, saved.get("value_offset", value_offset(critic)))
@@ -180,8 +184,7 @@ def train(cfg: PPOConfig) -> RunResult:
             val_metrics = run_validation(cfg.ppo, policy, tokenizer, env, val_prompts, params, logger, run.log_dir,
                                          state.step, watch)
         if when.save(state.step):
-            save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics, "value_offset": value_offset(
-                critic), **rl_loop_state(generator, kl, watch)}, tokenizer)
+            save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics, **loop_state()}, tokenizer)
     bar.close()
     if cfg.ppo.val_at_end or not val_metrics:
         val_metrics = run_validation(cfg.ppo, policy, tokenizer, env, val_prompts, params, logger, run.log_dir,
@@ -194,7 +197,7 @@ def train(cfg: PPOConfig) -> RunResult:
                                                                     value_offset(critic)),
                            load_unsharded=lambda: ActorCritic(load_training_policy(cfg.policy, torch.device("cpu"))[0],
                                                               build_critic(cfg, tokenizer, torch.device("cpu"), False)[1]),
-                           extra={"value_offset": value_offset(critic), **rl_loop_state(generator, kl, watch)})
+                           extra=loop_state())
     plots = []
     if cfg.logger.plots and dist.is_main():
         plots = [p for p in [plot_curves(logger.history, run.log_dir / "ppo_curves.png", CURVES)] if p]
@@ -330,7 +333,7 @@ def calibrate_critic(cfg, critic, batch: dict, rewards: torch.Tensor, kl_penalty
                           length_adaptive_alpha=0.0, normalize_advantages=False)
     _, returns = compute_advantages(cfg, rewards, batch, kl_penalty, monte_carlo)
     mask = response_mask(batch["token_mask"], batch["sample_mask"]).to(torch.float64)
-    sums = torch.stack([(batch["values"] * mask).sum(), (returns * mask).sum(), mask.sum()]).to(torch.float64)
+    sums = torch.stack([(batch["values"] * mask).sum(), (returns * mask).sum(), mask.sum()])
     value_sum, return_sum, tokens = dist.all_reduce_sum(sums).tolist()
     if tokens == 0:
         return
