@@ -56,6 +56,7 @@ reward environment, in this process (`grpo_vs_trl.held_out_reward`).
     python benchmarks/ppo_vs_trl.py --reward-model results/rm_smollm2/final
     python benchmarks/ppo_vs_trl.py --smoke    # tiny random models, 2 steps: both sides work end to end
     python benchmarks/ppo_vs_trl.py rescore benchmarks/results/ppo_vs_trl.json --eval-prompts 128   # more prompts
+    python benchmarks/ppo_vs_trl.py rescore SEED43.json SEED44.json --eval-prompts 292   # seeds, each policy once
 """
 
 from __future__ import annotations
@@ -407,11 +408,14 @@ def markdown_table(payload: dict) -> str:
 
 
 def rescore(argv: list[str]) -> None:
-    """`rescore RESULTS.json --eval-prompts N`: the held-out reward of the initial policy and of each side's saved
-    final policy on the first N held-out prompts (more than the run scored: a mean over 16 greedy completions moves
-    by a tenth of a reward when a few of them change), with each side's paired difference to the initial policy and
-    TRL's to rmkit's (mean and standard error over the prompts); written into RESULTS.json as
-    `held_out_reward_rescored`."""
+    """`rescore RESULTS.json [RESULTS.json ...] --eval-prompts N`: the held-out reward of the initial policy and of
+    each side's saved final policy on the first N held-out prompts (more than the run scored: a mean over 16 greedy
+    completions moves by a tenth of a reward when a few of them change), with each side's paired difference to the
+    initial policy and TRL's to rmkit's (mean and standard error over the prompts); written into each RESULTS.json as
+    `held_out_reward_rescored`. Several files (runs of one setting, e.g. seeds) must share the initial policy, the
+    reward model and the lengths: a policy directory named by more than one (the initial policy, a TRL run reused
+    by `--trl-from`) is scored once, and the paired differences are also summarised over the files (mean and
+    standard error over them)."""
     import statistics
 
     from transformers import AutoTokenizer
@@ -419,32 +423,59 @@ def rescore(argv: list[str]) -> None:
     from benchmarks.grpo_vs_trl import held_out_reward, select_prompts
 
     parser = argparse.ArgumentParser(prog="ppo_vs_trl.py rescore")
-    parser.add_argument("results", type=Path)
+    parser.add_argument("results", type=Path, nargs="+")
     parser.add_argument("--eval-prompts", type=int, default=128)
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR)
     args = parser.parse_args(argv)
-    payload = json.loads(args.results.read_text())
-    settings_, policy_dir = payload["settings"], payload["configs"]["rmkit"]["policy"]["model_name"]
-    budget = settings_["max_length"] - settings_["max_new_tokens"]
-    prompts = select_prompts(args.data_dir / "hh_harmless_val.jsonl", AutoTokenizer.from_pretrained(policy_dir),
-                             args.eval_prompts, budget)
-    held = {name: held_out_reward(directory, settings_["reward_model"], prompts, settings_["max_new_tokens"])
-            for name, directory in [("initial", policy_dir), *[(r["side"], r["model_dir"]) for r in payload["runs"]]]}
+    payloads = {path: json.loads(path.read_text()) for path in args.results}
 
-    def paired(a: str, b: str) -> dict:
-        diff = [x - y for x, y in zip(held[a]["rewards"], held[b]["rewards"])]
+    def shared(payload: dict) -> tuple:  # the policy each run exported (to its own work dir) and what scores it
+        s = payload["settings"]
+        return s["policy"], s["reward_model"], s["max_length"], s["max_new_tokens"]
+
+    first = shared(payloads[args.results[0]])
+    for path, payload in payloads.items():
+        if shared(payload) != first:
+            raise SystemExit(f"{path}: its initial policy, reward model or lengths {shared(payload)} differ from "
+                             f"{args.results[0]}'s {first}; rescore them separately")
+    _, reward_model, max_length, max_new_tokens = first
+    policy_dir = payloads[args.results[0]]["configs"]["rmkit"]["policy"]["model_name"]  # the first run's export
+    prompts = select_prompts(args.data_dir / "hh_harmless_val.jsonl", AutoTokenizer.from_pretrained(policy_dir),
+                             args.eval_prompts, max_length - max_new_tokens)
+    scored: dict[str, dict] = {}
+
+    def score(directory: str) -> dict:
+        if directory not in scored:
+            scored[directory] = held_out_reward(directory, reward_model, prompts, max_new_tokens)
+        return scored[directory]
+
+    def paired(a: dict, b: dict) -> dict:
+        diff = [x - y for x, y in zip(a["rewards"], b["rewards"])]
         return {"mean": statistics.mean(diff), "se": statistics.stdev(diff) / len(diff) ** 0.5}
 
-    sides = [r["side"] for r in payload["runs"]]
-    differences = {f"{side} - initial": paired(side, "initial") for side in sides}
-    if len(sides) == 2:
-        differences["trl - rmkit"] = paired("trl", "rmkit")
-    payload["held_out_reward_rescored"] = {"prompts": len(prompts), "rewards": held, "paired_differences": differences}
-    common.write_json(args.results, payload)
-    for name, value in held.items():
-        print(f"held-out reward {name} ({len(prompts)} prompts): {value['mean']:.4f} (std {value['std']:.4f})")
-    for name, d in differences.items():
-        print(f"{name}: {d['mean']:+.4f} (SE {d['se']:.4f})")
+    summary: dict[str, list[float]] = {}
+    for path, payload in payloads.items():
+        held = {name: score(directory)
+                for name, directory in [("initial", policy_dir), *[(r["side"], r["model_dir"]) for r in payload["runs"]]]}
+        sides = [r["side"] for r in payload["runs"]]
+        differences = {f"{side} - initial": paired(held[side], held["initial"]) for side in sides}
+        if len(sides) == 2:
+            differences["trl - rmkit"] = paired(held["trl"], held["rmkit"])
+        payload["held_out_reward_rescored"] = {"prompts": len(prompts), "rewards": held,
+                                               "paired_differences": differences}
+        common.write_json(path, payload)
+        print(f"{path}:")
+        for name, value in held.items():
+            print(f"  held-out reward {name} ({len(prompts)} prompts): {value['mean']:.4f} (std {value['std']:.4f}, "
+                  f"{value['mean_tokens']:.1f} tokens)")
+        for name, d in differences.items():
+            print(f"  {name}: {d['mean']:+.4f} (SE {d['se']:.4f})")
+            summary.setdefault(name, []).append(d["mean"])
+    if len(payloads) > 1:
+        print(f"over the {len(payloads)} files (mean, standard error over them):")
+        for name, means in summary.items():
+            se = statistics.stdev(means) / len(means) ** 0.5 if len(means) > 1 else float("nan")
+            print(f"  {name}: {statistics.mean(means):+.4f} (SE {se:.4f}, {len(means)} files)")
 
 
 def earlier_trl_run(args: argparse.Namespace) -> dict:

@@ -97,7 +97,7 @@ def test_both_configs_carry_the_same_settings(tmp_path):
 @pytest.mark.slow  # ~80 s: two training subprocesses, each importing transformers (and TRL 1.12.0)
 @pytest.mark.skipif(not ppo_vs_trl.TRL_PYTHON.exists(),
                     reason="no .venv-trl112: run benchmarks/setup_trl_ppo_env.sh for the end-to-end run")
-def test_smoke_run_end_to_end(shared_data, tmp_path):
+def test_smoke_run_end_to_end(shared_data, tmp_path, capsys):
     out = tmp_path / "ppo_vs_trl.json"
     assert ppo_vs_trl.main(["--smoke", "--threads", "1", "--data-dir", str(shared_data),
                             "--work-dir", str(tmp_path / "work"), "--output", str(out)]) == 0
@@ -132,6 +132,19 @@ def test_smoke_run_end_to_end(shared_data, tmp_path):
     assert set(rescored["paired_differences"]) == {"trl - initial", "rmkit - initial", "trl - rmkit"}
     trl_minus_rmkit = [a - b for a, b in zip(rescored["rewards"]["trl"]["rewards"], rescored["rewards"]["rmkit"]["rewards"])]
     assert rescored["paired_differences"]["trl - rmkit"]["mean"] == pytest.approx(sum(trl_minus_rmkit) / 3)
+    # several files at once (seeds of one setting): each into its own file, summarised over them
+    twin = tmp_path / "twin.json"
+    twin.write_text(out.read_text())
+    assert ppo_vs_trl.main(["rescore", str(out), str(twin), "--eval-prompts", "2", "--data-dir", str(shared_data)]) == 0
+    both = [json.loads(f.read_text())["held_out_reward_rescored"] for f in (out, twin)]
+    assert both[0] == both[1] and both[0]["prompts"] == 2
+    assert "over the 2 files" in capsys.readouterr().out
+    other = tmp_path / "other.json"
+    payload = json.loads(out.read_text())
+    payload["settings"]["reward_model"] += "-another"
+    other.write_text(json.dumps(payload))
+    with pytest.raises(SystemExit, match="other.json: its initial policy, reward model or lengths"):
+        ppo_vs_trl.main(["rescore", str(out), str(other), "--eval-prompts", "2", "--data-dir", str(shared_data)])
 
 
 @pytest.mark.slow  # ~40 s: one training subprocess
