@@ -20,7 +20,8 @@ took NeMo RL's fixed order), AdamW over policy and critic (one lr, betas (0.9, 0
 gradient clipping: TRL's PPOTrainer clips nothing), constant schedule, the PPO ratio clipped at 0.2, the critic's
 value loss `vf_coef * 0.5 * mean(max((V - R)^2, (clip(V, V_old +- cliprange_value) - R)^2))` over the tokens,
 the token-level policy loss, GAE (`--gae-lambda`, `--gamma`) with the advantages whitened over the rollout's
-tokens and the rewards not whitened, fp32 on CPU.
+tokens and the rewards not whitened, fp32 on CPU; with `--missing-eos-penalty X` (off by default), X taken off the
+reward of a completion that reaches the token limit without ending on both sides.
 
 The KL: both put `kl_coef x k1` per token into the reward, `k1 = log pi(y_t) - log pi_ref(y_t)` (TRL `kl_coef`,
 `kl_estimator=k1`; rmkit `loss_fn.reference_policy_kl_penalty`, `reference_policy_kl_type=k1`,
@@ -102,6 +103,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--cliprange", type=float, default=0.2, help="PPO ratio clip")
     parser.add_argument("--cliprange-value", type=float, default=0.2, help="value clip around the rollout's values")
     parser.add_argument("--vf-coef", type=float, default=0.1, help="weight of the value loss")
+    parser.add_argument("--missing-eos-penalty", type=float, metavar="X",
+                        help="both sides take X off the reward of a completion that runs to --max-new-tokens "
+                             "(TRL `missing_eos_penalty`; rmkit `ppo.reward_shaping`, DAPO's overlong shaping with a "
+                             "one-token buffer); default: neither")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts (0: skip)")
     parser.add_argument("--seed", type=int, default=42)
@@ -146,7 +151,8 @@ def trl_config(spec: dict) -> dict:
             "num_mini_batches": spec["minibatches"], "num_ppo_epochs": spec["ppo_epochs"],
             "total_episodes": spec["prompts"] * spec["steps"], "num_train_epochs": 1,
             "local_rollout_forward_batch_size": spec["prompts"], "response_length": spec["max_new_tokens"],
-            "stop_token": "eos", "temperature": spec["temperature"], "missing_eos_penalty": None,
+            "stop_token": "eos", "temperature": spec["temperature"],
+            "missing_eos_penalty": spec["missing_eos_penalty"],
             "learning_rate": spec["lr"], "lr_scheduler_type": "constant", "warmup_steps": 0, "weight_decay": 0.0,
             "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_epsilon": 1e-8,
             "kl_coef": spec["kl_coef"], "kl_estimator": "k1", "cliprange": spec["cliprange"],
@@ -167,7 +173,7 @@ def rmkit_config(spec: dict) -> dict:
                                   "normalize_advantages": True},
                 "kl_target": None, "val_period": 0, "val_at_start": False, "val_at_end": False,
                 "prev_logprobs_from_generation": True, "shuffle_minibatches": True, "seed": spec["seed"],
-                "log_period": 1},
+                "log_period": 1, "reward_shaping": missing_eos_shaping(spec)},
         "loss_fn": {"reference_policy_kl_penalty": spec["kl_coef"], "reference_policy_kl_type": "k1",
                     "use_kl_in_reward": True, "ratio_clip_min": spec["cliprange"],
                     "ratio_clip_max": spec["cliprange"], "token_level_loss": True},
@@ -187,6 +193,15 @@ def rmkit_config(spec: dict) -> dict:
         "checkpointing": {"enabled": False, "checkpoint_dir": spec["out_dir"]},
         "logger": {"tensorboard": False, "plots": False, "progress_bar": False},
     }
+
+
+def missing_eos_shaping(spec: dict) -> dict:
+    """`ppo.reward_shaping` for `--missing-eos-penalty`: the penalty added to a completion of `max_new_tokens`
+    tokens. TRL's reads the EOS instead: the two differ only on a completion whose last allowed token is EOS."""
+    if spec["missing_eos_penalty"] is None:
+        return {"enabled": False}
+    return {"enabled": True, "overlong_buffer_length": 1, "overlong_buffer_penalty": spec["missing_eos_penalty"],
+            "max_response_length": spec["max_new_tokens"]}
 
 
 # ---------------------------------------------------------------- inside a training process
@@ -360,7 +375,8 @@ def settings(args: argparse.Namespace) -> dict:
     """The matched settings (the keys both configs are built from)."""
     return {key: getattr(args, key) for key in ("prompts", "steps", "minibatches", "ppo_epochs", "max_new_tokens",
                                                 "max_length", "lr", "kl_coef", "temperature", "gae_lambda", "gamma",
-                                                "cliprange", "cliprange_value", "vf_coef", "threads", "seed")}
+                                                "cliprange", "cliprange_value", "vf_coef", "missing_eos_penalty",
+                                                "threads", "seed")}
 
 
 def run_side(args, data: dict, side: str) -> dict:
