@@ -12,7 +12,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from benchmarks import ppo_vs_trl
+from benchmarks import grpo_vs_trl, ppo_vs_trl
 from rmkit.config import load_config
 from rmkit.losses.rewards import overlong_penalty
 from rmkit.recipes.configs import PPOConfig
@@ -107,7 +107,7 @@ def test_both_configs_carry_the_same_settings(tmp_path):
 @pytest.mark.slow  # ~80 s: two training subprocesses, each importing transformers (and TRL 1.12.0)
 @pytest.mark.skipif(not ppo_vs_trl.TRL_PYTHON.exists(),
                     reason="no .venv-trl112: run benchmarks/setup_trl_ppo_env.sh for the end-to-end run")
-def test_smoke_run_end_to_end(shared_data, tmp_path, capsys):
+def test_smoke_run_end_to_end(shared_data, tmp_path, capsys, monkeypatch):
     out = tmp_path / "ppo_vs_trl.json"
     assert ppo_vs_trl.main(["--smoke", "--threads", "1", "--data-dir", str(shared_data),
                             "--work-dir", str(tmp_path / "work"), "--output", str(out)]) == 0
@@ -145,7 +145,11 @@ def test_smoke_run_end_to_end(shared_data, tmp_path, capsys):
     # several files at once (seeds of one setting): each into its own file, summarised over them
     twin = tmp_path / "twin.json"
     twin.write_text(out.read_text())
+    scored = []
+    real_held_out_reward = grpo_vs_trl.held_out_reward
+    monkeypatch.setattr(grpo_vs_trl, "held_out_reward", lambda d, *a: scored.append(d) or real_held_out_reward(d, *a))
     assert ppo_vs_trl.main(["rescore", str(out), str(twin), "--eval-prompts", "2", "--data-dir", str(shared_data)]) == 0
+    assert len(scored) == len(set(scored)) == 3  # the initial policy and the two sides, once each for both files
     both = [json.loads(f.read_text())["held_out_reward_rescored"] for f in (out, twin)]
     assert both[0] == both[1] and both[0]["prompts"] == 2
     assert "over the 2 files" in capsys.readouterr().out
