@@ -21,7 +21,8 @@ gradient clipping: TRL's PPOTrainer clips nothing), constant schedule, the PPO r
 value loss `vf_coef * 0.5 * mean(max((V - R)^2, (clip(V, V_old +- cliprange_value) - R)^2))` over the tokens,
 the token-level policy loss, GAE (`--gae-lambda`, `--gamma`) with the advantages whitened over the rollout's
 tokens and the rewards not whitened, fp32 on CPU; with `--missing-eos-penalty X` (off by default), X taken off the
-reward of a completion that reaches the token limit without ending on both sides.
+reward of a completion that reaches the token limit without an EOS on both sides (TRL's "EOS trick", which its
+PPO documentation recommends and runs at 1.0; rmkit's `ppo.reward_shaping.missing_eos_penalty`).
 
 The KL: both put `kl_coef x k1` per token into the reward, `k1 = log pi(y_t) - log pi_ref(y_t)` (TRL `kl_coef`,
 `kl_estimator=k1`; rmkit `loss_fn.reference_policy_kl_penalty`, `reference_policy_kl_type=k1`,
@@ -104,9 +105,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--cliprange-value", type=float, default=0.2, help="value clip around the rollout's values")
     parser.add_argument("--vf-coef", type=float, default=0.1, help="weight of the value loss")
     parser.add_argument("--missing-eos-penalty", type=float, metavar="X",
-                        help="both sides take X off the reward of a completion that runs to --max-new-tokens "
-                             "(TRL `missing_eos_penalty`; rmkit `ppo.reward_shaping`, DAPO's overlong shaping with a "
-                             "one-token buffer); default: neither")
+                        help="both sides take X off the reward of a completion with no EOS within --max-new-tokens "
+                             "(TRL `missing_eos_penalty`, rmkit `ppo.reward_shaping.missing_eos_penalty`); "
+                             "default: neither")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts (0: skip)")
     parser.add_argument("--seed", type=int, default=42)
@@ -196,12 +197,10 @@ def rmkit_config(spec: dict) -> dict:
 
 
 def missing_eos_shaping(spec: dict) -> dict:
-    """`ppo.reward_shaping` for `--missing-eos-penalty`: the penalty added to a completion of `max_new_tokens`
-    tokens. TRL's reads the EOS instead: the two differ only on a completion whose last allowed token is EOS."""
+    """`ppo.reward_shaping` for `--missing-eos-penalty`: TRL's penalty on a completion without an EOS."""
     if spec["missing_eos_penalty"] is None:
         return {"enabled": False}
-    return {"enabled": True, "overlong_buffer_length": 1, "overlong_buffer_penalty": spec["missing_eos_penalty"],
-            "max_response_length": spec["max_new_tokens"]}
+    return {"enabled": True, "missing_eos_penalty": spec["missing_eos_penalty"]}
 
 
 # ---------------------------------------------------------------- inside a training process

@@ -5,7 +5,8 @@ Scaling clamps each reward to `[source_min, source_max]` and maps that range lin
 target_max]`. Shaping (after DAPO, https://arxiv.org/abs/2503.14476) penalizes how a completion ended: with
 `stop_properly_penalty_coef` a truncated completion keeps that share of its reward; otherwise a completion of
 `L` tokens gets `min(0, -(L - (max_response_length - overlong_buffer_length)) / overlong_buffer_length *
-overlong_buffer_penalty)` added.
+overlong_buffer_penalty)` added (when all three overlong keys are set). Then TRL's `missing_eos_penalty` is
+subtracted from every truncated completion's reward.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ def scale_rewards(rewards: torch.Tensor, source_min: float, source_max: float, t
 def stop_properly_penalty(rewards: torch.Tensor, truncated: torch.Tensor, coef: float) -> torch.Tensor:
     """A truncated completion's reward multiplied by `coef` (in [0, 1]); the others unchanged."""
     return torch.where(truncated.to(torch.bool), rewards * coef, rewards)
+
+
+def missing_eos_penalty(rewards: torch.Tensor, truncated: torch.Tensor, penalty: float) -> torch.Tensor:
+    """TRL's EOS trick: `penalty` subtracted from a truncated completion's reward; the others unchanged."""
+    return rewards - penalty * truncated.to(rewards.dtype)
 
 
 def overlong_penalty(rewards: torch.Tensor, lengths: torch.Tensor, overlong_buffer_length: int,

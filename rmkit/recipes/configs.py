@@ -185,10 +185,11 @@ class RewardScalingConfig:
 
 @dataclass
 class RewardShapingConfig:
-    """`<loop>.reward_shaping.*` (NeMo RL's, after DAPO): a penalty on completions by how they ended. With
-    `stop_properly_penalty_coef`, a truncated completion's reward is multiplied by it (and the overlong keys
-    are not used); otherwise a completion longer than `max_response_length - overlong_buffer_length` tokens
-    loses `overlong_buffer_penalty` per `overlong_buffer_length` tokens beyond it."""
+    """`<loop>.reward_shaping.*` (NeMo RL's, after DAPO; TRL's EOS trick): a penalty on completions by how they
+    ended. With `stop_properly_penalty_coef`, a truncated completion's reward is multiplied by it (and the
+    overlong keys are not used); otherwise a completion longer than `max_response_length -
+    overlong_buffer_length` tokens loses `overlong_buffer_penalty` per `overlong_buffer_length` tokens beyond
+    it. Then `missing_eos_penalty` is taken off every truncated completion's reward."""
 
     enabled: bool = False
     """Shape the rewards."""
@@ -199,7 +200,11 @@ class RewardShapingConfig:
     max_response_length: int | None = None
     """Completion length at which the full penalty applies."""
     stop_properly_penalty_coef: float | None = None
-    """In [0, 1]: a truncated completion (no EOS within max_new_tokens) keeps this share of its reward."""
+    """In [0, 1]: a truncated completion (no EOS within max_new_tokens) keeps this share of its reward. A
+    share of a negative reward is a raise: with rewards below 0 use `missing_eos_penalty`."""
+    missing_eos_penalty: float | None = None
+    """TRL's `missing_eos_penalty` (its "EOS trick"): subtracted from the reward of a truncated completion (no
+    EOS within max_new_tokens), whatever the reward's sign."""
 
 
 @dataclass
@@ -255,13 +260,19 @@ class RLLoopConfig(LoopConfig):
         key = f"{self.section}.reward_shaping"
         _check(coef is None or 0 <= coef <= 1, f"{key}.stop_properly_penalty_coef", "must be in [0, 1]")
         overlong = (shaping.overlong_buffer_length, shaping.overlong_buffer_penalty, shaping.max_response_length)
-        _check(not shaping.enabled or coef is not None or None not in overlong, f"{key}.enabled",
-               "needs stop_properly_penalty_coef, or all of overlong_buffer_length, overlong_buffer_penalty and "
-               "max_response_length")
+        _check(not shaping.enabled or coef is not None or None not in overlong
+               or shaping.missing_eos_penalty is not None, f"{key}.enabled",
+               "needs stop_properly_penalty_coef, missing_eos_penalty, or all of overlong_buffer_length, "
+               "overlong_buffer_penalty and max_response_length")
+        _check(overlong.count(None) in (0, 3), f"{key}.max_response_length",
+               "overlong_buffer_length, overlong_buffer_penalty and max_response_length go together: set all three "
+               "or none")
         _check(shaping.overlong_buffer_length is None or shaping.overlong_buffer_length >= 1,
                f"{key}.overlong_buffer_length", "must be >= 1")
         _check(shaping.overlong_buffer_penalty is None or shaping.overlong_buffer_penalty >= 0,
                f"{key}.overlong_buffer_penalty", "must be >= 0")
+        _check(shaping.missing_eos_penalty is None or shaping.missing_eos_penalty >= 0,
+               f"{key}.missing_eos_penalty", "must be >= 0")
 
 
 @dataclass

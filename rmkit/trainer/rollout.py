@@ -27,7 +27,7 @@ from rmkit.data.tokenize import as_messages, render_prompt
 from rmkit.errors import ConfigError, DataError, RolloutFailed
 from rmkit.generation import generate_completions
 from rmkit.losses.logprobs import next_token_logprobs
-from rmkit.losses.rewards import overlong_penalty, scale_rewards, stop_properly_penalty
+from rmkit.losses.rewards import missing_eos_penalty, overlong_penalty, scale_rewards, stop_properly_penalty
 from rmkit.models.setup import autocast
 from rmkit.models.shared_prefix import Group, shared_prefix_logits
 from rmkit.trainer.run_data import DataSet, report_data, resolve_data_path
@@ -277,12 +277,16 @@ def shaped_rewards(loop, rewards: torch.Tensor, rollout: Rollout) -> torch.Tenso
     if scaling.enabled:
         rewards = scale_rewards(rewards, scaling.source_min, scaling.source_max, scaling.target_min,
                                 scaling.target_max)
-    if shaping.enabled and shaping.stop_properly_penalty_coef is not None:
+    if not shaping.enabled:
+        return rewards
+    if shaping.stop_properly_penalty_coef is not None:
         rewards = stop_properly_penalty(rewards, rollout.truncated, shaping.stop_properly_penalty_coef)
-    elif shaping.enabled:
+    elif shaping.max_response_length is not None:  # with both other overlong keys (checked in the config)
         lengths = torch.tensor([len(c) for c in rollout.completion_ids])
         rewards = overlong_penalty(rewards, lengths, shaping.overlong_buffer_length, shaping.overlong_buffer_penalty,
                                    shaping.max_response_length)
+    if shaping.missing_eos_penalty is not None:
+        rewards = missing_eos_penalty(rewards, rollout.truncated, shaping.missing_eos_penalty)
     return rewards
 
 

@@ -6,6 +6,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,8 +15,8 @@ from safetensors.torch import load_file
 
 from benchmarks import grpo_vs_trl, ppo_vs_trl
 from rmkit.config import load_config
-from rmkit.losses.rewards import overlong_penalty
-from rmkit.recipes.configs import PPOConfig
+from rmkit.recipes.configs import PPOConfig, PPOLoopConfig, RewardShapingConfig
+from rmkit.trainer.rollout import shaped_rewards
 from tests.bench.test_grpo_vs_trl import numbers
 
 
@@ -91,12 +92,11 @@ def test_both_configs_carry_the_same_settings(tmp_path):
     assert trl["missing_eos_penalty"] is None and not ppo["reward_shaping"]["enabled"]  # no shaping unless asked
     penalised = {**spec, **ppo_vs_trl.settings(args("--reward-model", "rm", "--missing-eos-penalty", "0.07"))}
     shaping = ppo_vs_trl.rmkit_config(penalised)["ppo"]["reward_shaping"]
-    assert ppo_vs_trl.trl_config(penalised)["missing_eos_penalty"] == shaping["overlong_buffer_penalty"] == 0.07
-    assert shaping["max_response_length"] == penalised["max_new_tokens"] and shaping["overlong_buffer_length"] == 1
-    # rmkit's side: 0.07 off at the limit, nothing a token before
-    lengths = torch.tensor([shaping["max_response_length"], shaping["max_response_length"] - 1])
-    assert overlong_penalty(torch.zeros(2), lengths, 1, 0.07, shaping["max_response_length"]).tolist() == \
-        pytest.approx([-0.07, 0.0])
+    assert ppo_vs_trl.trl_config(penalised)["missing_eos_penalty"] == shaping["missing_eos_penalty"] == 0.07
+    # rmkit's side, as its loader reads it: 0.07 off a completion without an EOS, nothing off one that ended
+    loop = PPOLoopConfig(reward_shaping=RewardShapingConfig(**shaping))
+    rollout = SimpleNamespace(completion_ids=[[0] * 48, [0] * 48], truncated=torch.tensor([True, False]))
+    assert shaped_rewards(loop, torch.zeros(2), rollout).tolist() == pytest.approx([-0.07, 0.0])
     # rmkit's own loader takes the config as it is written for the run
     path = tmp_path / "bench.yaml"
     path.write_text(yaml.safe_dump(rm))

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from rmkit.losses.rewards import overlong_penalty, scale_rewards, stop_properly_penalty
+from rmkit.losses.rewards import missing_eos_penalty, overlong_penalty, scale_rewards, stop_properly_penalty
 from rmkit.recipes.configs import GRPOLoopConfig, RewardScalingConfig, RewardShapingConfig
 from rmkit.trainer.rollout import shaped_rewards
 
@@ -42,6 +42,15 @@ def test_stop_properly_penalty_matches_nemo_rl():
     assert torch.equal(stop_properly_penalty(torch.tensor([1.0, 0.5]), both, 1.0), torch.tensor([1.0, 0.5]))
 
 
+def test_missing_eos_penalty_is_subtracted_whatever_the_sign():
+    """TRL's `scores[~contain_eos_token] -= missing_eos_penalty`: a truncated completion loses the penalty, a
+    negative reward included (where `stop_properly_penalty`'s share would raise it)."""
+    rewards, truncated = torch.tensor([-1.5, 0.5, 2.0, -0.25]), torch.tensor([True, True, False, False])
+    torch.testing.assert_close(missing_eos_penalty(rewards, truncated, 1.0), torch.tensor([-2.5, -0.5, 2.0, -0.25]))
+    assert torch.equal(missing_eos_penalty(rewards, truncated, 0.0), rewards)
+    assert stop_properly_penalty(rewards, truncated, 0.5)[0] > rewards[0]  # why the subtractive form exists
+
+
 def _rollout(lengths, truncated):
     return SimpleNamespace(completion_ids=[[0] * n for n in lengths], truncated=torch.tensor(truncated))
 
@@ -58,3 +67,8 @@ def test_recipes_scale_then_shape_as_configured():
     overlong = GRPOLoopConfig(reward_shaping=RewardShapingConfig(enabled=True, overlong_buffer_length=10,
                                                                  overlong_buffer_penalty=1.0, max_response_length=20))
     torch.testing.assert_close(shaped_rewards(overlong, rewards, rollout), torch.tensor([0.5, 1.0 - 2.0, 3.0]))
+    eos = GRPOLoopConfig(reward_shaping=RewardShapingConfig(enabled=True, missing_eos_penalty=0.5))
+    torch.testing.assert_close(shaped_rewards(eos, rewards, rollout), torch.tensor([0.5, 0.5, 3.0]))
+    both = GRPOLoopConfig(reward_shaping=RewardShapingConfig(enabled=True, stop_properly_penalty_coef=0.5,
+                                                             missing_eos_penalty=0.5))
+    torch.testing.assert_close(shaped_rewards(both, rewards, rollout), torch.tensor([0.5, 0.0, 3.0]))

@@ -62,6 +62,9 @@ def test_config_trees_load_without_torch():
     ("policy.generation.max_new_tokens=512", "policy.generation.max_new_tokens"),
     ("env.reward_model.url=http://127.0.0.1:1", "env.reward_model.model_name"),
     ("env.reward_model.port=1", "env.reward_model.port"),
+    ("grpo.reward_shaping.enabled=true", "grpo.reward_shaping.enabled"),
+    ("grpo.reward_shaping.missing_eos_penalty=-1", "grpo.reward_shaping.missing_eos_penalty"),
+    ("grpo.reward_shaping.overlong_buffer_length=4", "grpo.reward_shaping.max_response_length"),
 ])
 def test_bad_keys_and_values_name_the_key(override, key):
     extra = ["loss_fn.disable_ppo_ratio=true"] if "cispo" in override else []
