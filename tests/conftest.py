@@ -12,6 +12,11 @@ from tests.support.reward_models import pair_files, tiny_decoder, tiny_encoder  
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
+# Under pytest-xdist (`-n auto`: one worker per core) each worker's torch keeps to one thread, so that the
+# workers share the cores instead of oversubscribing them; the processes tests start set their own threads.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
 
 def pytest_collection_modifyitems(config, items):
     if os.environ.get("RMKIT_SLOW") == "1" or "slow" in (config.getoption("-m") or ""):

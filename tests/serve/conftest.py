@@ -9,11 +9,6 @@ import pytest
 from serve_helpers import API_KEY, Server, build_model_dir
 
 
-def pytest_collection_modifyitems(config, items):
-    """The SIGTERM test stops the `reg` server, so it runs after every other test."""
-    items.sort(key=lambda item: "sigterm" in item.name and "serve" in item.nodeid)
-
-
 @pytest.fixture(scope="session")
 def bt_model_dir(tmp_path_factory) -> Path:
     """Bradley-Terry (one label) model with `reward_stats.json`."""
@@ -31,13 +26,10 @@ def reg_model_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def servers(bt_model_dir, reg_model_dir):
     """Both servers, started together (their start-up overlaps): `bt` with an API key, refusing inputs
-    over 24 tokens, 16 inputs and 4 KB per request; `reg` (K = 3, weights, truncating at 8 tokens)
-    with a 1 s batch window, so the SIGTERM test (which stops it, and so runs last) catches a request
-    waiting in the window."""
+    over 24 tokens, 16 inputs and 4 KB per request; `reg` (K = 3, weights, truncating at 8 tokens)."""
     bt = Server(bt_model_dir, "--api-key", API_KEY, "--max-length", "24", "--overlong", "refuse",
                 "--max-inputs", "16", "--max-body-bytes", "4096", "--batch-window-ms", "2")
-    reg = Server(reg_model_dir, "--attribute-weights", "0.5,0.3,0.2", "--max-length", "8",
-                 "--batch-window-ms", "1000")
+    reg = Server(reg_model_dir, "--attribute-weights", "0.5,0.3,0.2", "--max-length", "8")
     try:
         yield {"bt": bt.wait_ready(), "reg": reg.wait_ready()}
     finally:

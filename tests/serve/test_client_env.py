@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 import torch
-from serve_helpers import API_KEY, CONVERSATIONS, TEXTS
+from serve_helpers import API_KEY, CONVERSATIONS, TEXTS, Server
 
 from rmkit.env import EnvironmentReturn, RewardModelEnvironment
 from rmkit.errors import ConfigError
@@ -132,10 +132,11 @@ def test_load_8_concurrent_clients_zero_errors_every_response_correct(bt_server,
     assert int(groups.split()[1]) < int(count.split()[1])
 
 
-def test_sigterm_finishes_the_in_flight_requests_and_exits_0(reg_server):
-    """`reg_server` has a 1 s batch window: SIGTERM arrives once /metrics shows a batch of 4 requests waiting in
-    it, and every request must still get its answer. (This stops the server; conftest runs this test last.)"""
-    server = reg_server
+def test_sigterm_finishes_the_in_flight_requests_and_exits_0(reg_model_dir):
+    """A server of its own (the shared ones serve other tests, in any order and on any worker) with a 1 s batch
+    window: SIGTERM arrives once /metrics shows a batch of 4 requests waiting in it, and every request must
+    still get its answer."""
+    server = Server(reg_model_dir, "--max-length", "8", "--batch-window-ms", "1000").wait_ready()
     batch = [["a dog"], ["hello world yes", "no"], ["the cat sat on the mat"], ["good answer", "bad answer", "no"]]
     results = {}
 
