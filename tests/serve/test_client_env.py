@@ -136,26 +136,23 @@ def test_sigterm_finishes_the_in_flight_requests_and_exits_0(reg_model_dir):
     """A server of its own (the shared ones serve other tests, in any order and on any worker) with a 1 s batch
     window: SIGTERM arrives once /metrics shows a batch of 4 requests waiting in it, and every request must
     still get its answer."""
-    server = Server(reg_model_dir, "--max-length", "8", "--batch-window-ms", "1000").wait_ready()
     batch = [["a dog"], ["hello world yes", "no"], ["the cat sat on the mat"], ["good answer", "bad answer", "no"]]
     results = {}
+    with Server(reg_model_dir, "--max-length", "8", "--batch-window-ms", "1000") as server:
 
-    def request(i: int) -> None:
-        results[i] = httpx.post(server.url + "/v1/score", json={"texts": batch[i]}, timeout=30)
+        def request(i: int) -> None:
+            results[i] = httpx.post(server.url + "/v1/score", json={"texts": batch[i]}, timeout=30)
 
-    threads = [threading.Thread(target=request, args=(i,)) for i in range(len(batch))]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + 20
-    while f"rmkit_queue_depth {len(batch)}" not in httpx.get(server.url + "/metrics").text:
-        assert time.monotonic() < deadline, "the requests never reached the queue together"
-        time.sleep(0.02)
-    server.proc.send_signal(signal.SIGTERM)
-    for thread in threads:
-        thread.join()
-    try:
+        threads = [threading.Thread(target=request, args=(i,)) for i in range(len(batch))]
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 20
+        while f"rmkit_queue_depth {len(batch)}" not in httpx.get(server.url + "/metrics").text:
+            assert time.monotonic() < deadline, "the requests never reached the queue together"
+            time.sleep(0.02)
+        server.proc.send_signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join()
         assert server.proc.wait(timeout=30) == 0, server.output()
-        assert [r.status_code for r in results.values()] == [200] * len(batch)
-        assert all(len(results[i].json()["rewards"]) == len(texts) for i, texts in enumerate(batch))
-    finally:
-        server.stop()
+    assert [r.status_code for r in results.values()] == [200] * len(batch)
+    assert all(len(results[i].json()["rewards"]) == len(texts) for i, texts in enumerate(batch))
