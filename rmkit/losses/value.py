@@ -91,6 +91,7 @@ def gae_advantages(
     logprobs: torch.Tensor | None = None,
     reference_logprobs: torch.Tensor | None = None,
     all_reduce_sum: AllReduceSum | None = None,
+    value_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE advantages and returns (NeMo RL's GeneralizedAdvantageEstimator; config keys as its
     `adv_estimator` with `name: gae`).
@@ -109,30 +110,36 @@ def gae_advantages(
         logprobs / reference_logprobs: `[B, S]` aligned with input_ids, for the KL in the reward.
         all_reduce_sum: data parallel: sums a tensor over the ranks, so `normalize_advantages` whitens
             over every rank's tokens (the rows are split over ranks; the scan itself is per row).
+        value_mask: `[B, S]` the states the critic values, when they are more than `mask`'s tokens (TRL's
+            PPOTrainer: also the state after a finished completion's last token). The reward goes at each row's
+            last value_mask position and GAE runs over value_mask, the KL stays on `mask`'s tokens, the returns
+            cover value_mask and the advantages `mask` (whitened over it). Default: `mask`.
 
     Returns:
-        `(advantages [B, S], returns [B, S])`, both 0 outside the mask.
+        `(advantages [B, S], returns [B, S])`, 0 outside `mask` and `value_mask` respectively.
     """
     dtype = compute_dtype(values)
-    values = torch.where(mask > 0, values.to(dtype), torch.zeros((), dtype=dtype, device=values.device))
+    value_mask = mask if value_mask is None else value_mask
+    zero = torch.zeros((), dtype=dtype, device=values.device)
+    values = torch.where(value_mask > 0, values.to(dtype), zero)
     kl = None
     if use_kl_in_reward and reference_policy_kl_penalty > 0 and logprobs is not None and reference_logprobs is not None:
         kl = reference_policy_kl_penalty * kl_in_reward(logprobs.to(dtype), reference_logprobs.to(dtype),
                                                         reference_policy_kl_type)
-    token_rewards = token_level_rewards(rewards.to(dtype), mask, kl)
+        kl = torch.where(mask > 0, kl, zero)
+    token_rewards = token_level_rewards(rewards.to(dtype), value_mask, kl)
     lam_value = gae_lambda if gae_lambda_value is None else gae_lambda_value
     lam_policy: float | torch.Tensor = gae_lambda if gae_lambda_policy is None else gae_lambda_policy
     if length_adaptive_alpha > 0:
         lengths = (mask > 0).sum(dim=1).to(dtype)
         lam_policy = (1.0 - 1.0 / (length_adaptive_alpha * lengths).clamp(min=1.0)).clamp(0.0, 1.0)
-    value_adv = _gae_scan(token_rewards, values, mask, gae_gamma, lam_value)
+    value_adv = _gae_scan(token_rewards, values, value_mask, gae_gamma, lam_value)
     decoupled = gae_lambda_value is not None or gae_lambda_policy is not None or length_adaptive_alpha > 0
-    advantages = _gae_scan(token_rewards, values, mask, gae_gamma, lam_policy) if decoupled else value_adv
+    advantages = _gae_scan(token_rewards, values, value_mask, gae_gamma, lam_policy) if decoupled else value_adv
     valid = mask > 0
     if normalize_advantages:
         advantages = _whiten(advantages, valid.to(dtype), all_reduce_sum)
-    zero = torch.zeros((), dtype=dtype, device=values.device)
-    return torch.where(valid, advantages, zero), torch.where(valid, value_adv + values, zero)
+    return torch.where(valid, advantages, zero), torch.where(value_mask > 0, value_adv + values, zero)
 
 
 class MseValueLossFn:

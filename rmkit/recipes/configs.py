@@ -440,6 +440,11 @@ class PPOLoopConfig(RLLoopConfig):
     """Each epoch takes the rollout's rows in a new order, drawn from (seed, step, epoch), before cutting it into
     global batches (TRL, OpenRLHF); false: the same batches in the rollout's order every epoch (NeMo RL). Under
     torchrun each rank shuffles its own share."""
+    score_after_end: bool = False
+    """Where a finished completion's reward goes. false: at its last token (EOS), as NeMo RL, OpenRLHF and verl
+    put it. true: TRL's PPOTrainer: one position later, at the state after the last token, which the critic
+    values and learns too (its head at the last token); GAE runs through that state, the policy does not train
+    there. A completion that ran out of `max_new_tokens`, or ended on the last one, keeps it at its last token."""
     seq_logprob_error_threshold: float | None = None
     """Leave out of the update a completion whose mean `exp(|generation - training log-prob|)` exceeds this
     (the sampler and the trainer disagree); null: only logged."""

@@ -8,7 +8,8 @@ export. One step, as NeMo RL's `ppo_train` does it:
 3. the critic's values at every token, the policy's log-probs before the update (`prev_logprobs`: a forward
    pass, or the sampler's with `ppo.prev_logprobs_from_generation`) and, with a KL term, the reference's (the
    initial weights);
-4. GAE (`rmkit.losses.value.gae_advantages`): the reward at the last token, minus the KL per token when
+4. GAE (`rmkit.losses.value.gae_advantages`): the reward at the last token (with `ppo.score_after_end`, TRL's
+   position: at the state after a finished completion's last token, `with_value_mask`), minus the KL per token when
    `loss_fn.use_kl_in_reward` (else the KL is in the loss), advantages whitened over all ranks' tokens and the
    critic's returns; on the run's first rollout the critic's values are first shifted by one constant to the
    rollout's mean Monte Carlo return (`value.calibrate_offset`, `calibrate_critic`);
@@ -275,7 +276,7 @@ def ppo_step(cfg, critic_cfg, state, models: Models, tokenizer, env, loss_fn, va
     timing["generation"], t0 = time.perf_counter() - t0, time.perf_counter()
     rewards = shaped_rewards(cfg.ppo, score_rollout(env, rollout, state.step), rollout)
     timing["reward_calculation"], t0 = time.perf_counter() - t0, time.perf_counter()
-    batch = training_batch(rollout, tokenizer.pad_token_id)
+    batch = with_value_mask(training_batch(rollout, tokenizer.pad_token_id), rollout, cfg, tokenizer.pad_token_id)
     batch["values"] = batch_values(models, batch, critic_cfg)
     timing["value_inference"], t0 = time.perf_counter() - t0, time.perf_counter()
     if cfg.ppo.prev_logprobs_from_generation:
@@ -302,6 +303,28 @@ def ppo_step(cfg, critic_cfg, state, models: Models, tokenizer, env, loss_fn, va
     metrics = {**rollout_metrics(rollout, rewards, batch, timing["generation"]), **train_metrics, **mismatch,
                "train/critic/value_offset": value_offset(models.critic)}
     return {**metrics, **{f"timing/train/{k}": v for k, v in timing.items()}}
+
+
+def with_value_mask(batch: dict, rollout, cfg, pad_id: int) -> dict:
+    """`batch` with `value_mask`, the states the critic values and learns: the completion tokens' (`token_mask`)
+    and, with `ppo.score_after_end`, the state after the last token of each completion that finished before
+    `max_new_tokens` (the position past it, where the reward then goes: a pad token appended and attended there,
+    so that the critic's head at the last token lands on it; the policy never trains on it, and it changes
+    nothing before it). The batch grows by a column when a longest row needs one."""
+    batch["value_mask"] = batch["token_mask"].clone()
+    limit = cfg.policy.generation.max_new_tokens
+    finished = [not cut and len(ids) < limit for cut, ids in zip(rollout.truncated.tolist(), rollout.completion_ids)]
+    rows = torch.tensor(finished, dtype=torch.bool).nonzero().flatten()
+    if not cfg.ppo.score_after_end or len(rows) == 0:
+        return batch
+    ends = batch["attention_mask"][rows].sum(1)
+    if int(ends.max()) == batch["input_ids"].shape[1]:
+        batch = {k: torch.cat([v, torch.full_like(v[:, :1], pad_id if k == "input_ids" else 0)], 1)
+                 if v.dim() == 2 else v for k, v in batch.items()}
+    batch["input_ids"][rows, ends] = pad_id
+    batch["attention_mask"][rows, ends] = 1
+    batch["value_mask"][rows, ends] = 1
+    return batch
 
 
 @torch.no_grad()
@@ -332,7 +355,7 @@ def calibrate_critic(cfg, critic, batch: dict, rewards: torch.Tensor, kl_penalty
     monte_carlo = replace(cfg.ppo.adv_estimator, gae_lambda=1.0, gae_lambda_value=None, gae_lambda_policy=None,
                           length_adaptive_alpha=0.0, normalize_advantages=False)
     _, returns = compute_advantages(cfg, rewards, batch, kl_penalty, monte_carlo)
-    mask = response_mask(batch["token_mask"], batch["sample_mask"]).to(torch.float64)
+    mask = response_mask(batch["value_mask"], batch["sample_mask"]).to(torch.float64)
     sums = torch.stack([(batch["values"] * mask).sum(), (returns * mask).sum(), mask.sum()])
     value_sum, return_sum, tokens = dist.all_reduce_sum(sums).tolist()
     if tokens == 0:
@@ -349,10 +372,12 @@ def calibrate_critic(cfg, critic, batch: dict, rewards: torch.Tensor, kl_penalty
 def compute_advantages(cfg, rewards: torch.Tensor, batch: dict, kl_penalty: float,
                        estimator=None) -> tuple[torch.Tensor, torch.Tensor]:
     """GAE advantages and returns `[N, S]` (`estimator`, default `ppo.adv_estimator`), the KL in the reward with
-    `kl_penalty` when `loss_fn.use_kl_in_reward`, whitened over every rank's tokens when the estimator says so."""
+    `kl_penalty` when `loss_fn.use_kl_in_reward`, whitened over every rank's tokens when the estimator says so;
+    the rewards at the last `value_mask` position, the returns over `value_mask` (`with_value_mask`)."""
     gae, loss = estimator or cfg.ppo.adv_estimator, cfg.loss_fn
     return gae_advantages(
-        rewards, batch["values"], response_mask(batch["token_mask"], batch["sample_mask"]), gae_gamma=gae.gae_gamma,
+        rewards, batch["values"], response_mask(batch["token_mask"], batch["sample_mask"]),
+        value_mask=response_mask(batch["value_mask"], batch["sample_mask"]), gae_gamma=gae.gae_gamma,
         gae_lambda=gae.gae_lambda, normalize_advantages=gae.normalize_advantages,
         gae_lambda_value=gae.gae_lambda_value, gae_lambda_policy=gae.gae_lambda_policy,
         length_adaptive_alpha=gae.length_adaptive_alpha, use_kl_in_reward=loss.use_kl_in_reward,
@@ -378,13 +403,14 @@ def update_actor_critic(cfg, critic_cfg, state, models: Models, batch, loss_fn, 
         for start in range(0, len(batch["input_ids"]), per_rank):
             rows = slice_rows(epoch_batch, start, start + per_rank)
             sample_mask = rows["sample_mask"]
-            counts = torch.stack([sample_mask.sum(), (rows["token_mask"][:, 1:] * sample_mask[:, None]).sum()])
-            gvs, gvt = dist.all_reduce_sum(counts.to(device)).unbind()
+            counts = torch.stack([sample_mask.sum()] + [(rows[k][:, 1:] * sample_mask[:, None]).sum()
+                                                         for k in ("token_mask", "value_mask")])
+            gvs, gvt, value_gvt = dist.all_reduce_sum(counts.to(device)).unbind()
 
-            def critic_micro_loss(m, rows=rows, gvs=gvs, gvt=gvt):
+            def critic_micro_loss(m, rows=rows, gvs=gvs, gvt=value_gvt):
                 mb = slice_rows(rows, m, m + critic_micro, device)
-                return value_loss_fn(*critic_head(models.trained_values, models.critic, mb, critic_cfg.precision),
-                                     gvs, gvt)
+                head, view = critic_head(models.trained_values, models.critic, mb, critic_cfg.precision)
+                return value_loss_fn(head, {**view, "token_mask": view["value_mask"]}, gvs, gvt)
 
             def policy_micro_loss(m, rows=rows, gvs=gvs, gvt=gvt):
                 mb = slice_rows(rows, m, m + policy_micro, device)

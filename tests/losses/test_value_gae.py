@@ -150,3 +150,79 @@ def test_aligned_values_shift_head_output():
     head = torch.tensor([[[1.0], [2.0], [3.0]]])  # [B, S, 1]: position t is V(input_ids[:t+1])
     assert aligned_values(head).tolist() == [[0.0, 1.0, 2.0]]
     assert aligned_values(head[..., 0]).tolist() == [[0.0, 1.0, 2.0]]
+
+
+def _trl_gae(scores, values, logprobs, ref_logprobs, lengths, ended, kl_coef, gamma, lam):
+    """TRL 1.12.0's PPOTrainer steps 4 and 6 on response-aligned `[B, G]` lists, as its loop runs them: k1 KL in
+    the reward through each row's last token, the score one position later for a row that ended with room
+    (`sequence_length + 1 < G`), values kept through that position, one GAE pass over all G positions, advantages
+    whitened over the rows' tokens (unbiased variance) and returns over the tokens plus that position."""
+    width = len(values[0])
+    adv_rows, ret_rows, policy, critic = [], [], [], []
+    for b in range(len(values)):
+        last = lengths[b] - 1
+        end = last + 1 if ended[b] and last + 1 < width else last
+        v = [values[b][t] if t <= last + 1 else 0.0 for t in range(width)]
+        r = [-kl_coef * (logprobs[b][t] - ref_logprobs[b][t]) if t <= last else 0.0 for t in range(width)]
+        r[end] += scores[b]
+        adv, running = [0.0] * width, 0.0
+        for t in reversed(range(width)):
+            next_value = v[t + 1] if t < width - 1 else 0.0
+            running = r[t] + gamma * next_value - v[t] + gamma * lam * running
+            adv[t] = running
+        adv_rows.append(adv)
+        ret_rows.append([a + x for a, x in zip(adv, v)])
+        policy.append([t <= last for t in range(width)])
+        critic.append([t <= end for t in range(width)])
+    flat = [a for row, keep in zip(adv_rows, policy) for a, k in zip(row, keep) if k]
+    mean = sum(flat) / len(flat)
+    var = sum((a - mean) ** 2 for a in flat) / (len(flat) - 1)
+    whitened = [[(a - mean) / math.sqrt(var + 1e-8) if k else 0.0 for a, k in zip(row, keep)]
+                for row, keep in zip(adv_rows, policy)]
+    returns = [[x if k else 0.0 for x, k in zip(row, keep)] for row, keep in zip(ret_rows, critic)]
+    return whitened, returns
+
+
+def test_value_mask_puts_the_score_after_the_last_token_as_trl_does():
+    # Rows of response length 3 (ended, room after it), 5 (ran to the limit G = 5), 5 (ended exactly at the limit:
+    # no room, so the score stays on its last token) and 2 (ended), after prompts of 2, 1, 3 and 2 tokens.
+    g = torch.Generator().manual_seed(7)
+    width, prompts, lengths, ended = 5, [2, 1, 3, 2], [3, 5, 5, 2], [True, False, True, True]
+    scores = torch.randn(4, generator=g, dtype=torch.float64)
+    resp_values = torch.randn(4, width, generator=g, dtype=torch.float64)
+    resp_logp = -torch.rand(4, width, generator=g, dtype=torch.float64)
+    resp_ref = -torch.rand(4, width, generator=g, dtype=torch.float64)
+    expected_adv, expected_ret = _trl_gae(scores.tolist(), resp_values.tolist(), resp_logp.tolist(),
+                                          resp_ref.tolist(), lengths, ended, 0.05, 1.0, 0.95)
+    # rmkit's layout: [B, S] aligned with input_ids, response token i of row b at prompts[b] + i; the state after
+    # a finished row's last token is one position past it, where its logprobs are padding (anything).
+    seq = max(prompts) + width + 1
+    mask, value_mask = torch.zeros(4, seq, dtype=torch.float64), torch.zeros(4, seq, dtype=torch.float64)
+    values = torch.full((4, seq), float("nan"), dtype=torch.float64)
+    logp, ref = torch.randn(4, seq, generator=g, dtype=torch.float64), torch.randn(4, seq, generator=g, dtype=torch.float64)
+    for b, (p, n) in enumerate(zip(prompts, lengths)):
+        mask[b, p:p + n] = 1
+        room = ended[b] and n < width
+        value_mask[b, p:p + n + room] = 1
+        values[b, p:p + n + room] = resp_values[b, :n + room]
+        logp[b, p:p + n], ref[b, p:p + n] = resp_logp[b, :n], resp_ref[b, :n]
+    adv, returns = gae_advantages(scores, values, mask, value_mask=value_mask, gae_gamma=1.0, gae_lambda=0.95,
+                                  normalize_advantages=True, use_kl_in_reward=True, reference_policy_kl_penalty=0.05,
+                                  reference_policy_kl_type="k1", logprobs=logp, reference_logprobs=ref)
+    for b, p in enumerate(prompts):  # 1e-8: the whitening keeps NeMo RL's 1e-8 in its divisors, TRL's has none
+        torch.testing.assert_close(adv[b, p:p + width], torch.tensor(expected_adv[b], dtype=torch.float64),
+                                   rtol=1e-8, atol=1e-8)
+        torch.testing.assert_close(returns[b, p:p + width], torch.tensor(expected_ret[b], dtype=torch.float64),
+                                   rtol=1e-10, atol=1e-10)
+        assert not adv[b, :p].any() and not returns[b, :p].any() and not adv[b, p + width:].any()
+    # the score one past the end is the return there: the critic learns to predict it
+    assert returns[0, 2 + 3].item() == pytest.approx(scores[0].item())
+    # without value_mask (the default) the score is on the last token: the usual GAE
+    plain, _ = gae_advantages(scores, values, mask, gae_gamma=1.0, gae_lambda=0.95, normalize_advantages=True,
+                              use_kl_in_reward=True, reference_policy_kl_penalty=0.05, reference_policy_kl_type="k1",
+                              logprobs=logp, reference_logprobs=ref)
+    same, _ = gae_advantages(scores, values, mask, value_mask=mask, gae_gamma=1.0, gae_lambda=0.95,
+                             normalize_advantages=True, use_kl_in_reward=True, reference_policy_kl_penalty=0.05,
+                             reference_policy_kl_type="k1", logprobs=logp, reference_logprobs=ref)
+    torch.testing.assert_close(plain, same, rtol=0, atol=0)
+    assert not torch.allclose(plain, adv)

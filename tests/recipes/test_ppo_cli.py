@@ -98,15 +98,18 @@ def test_bad_critic_and_config_exit_2_naming_the_key(tiny_policy, tiny_reward_mo
 
 
 @pytest.mark.slow  # ~20 s: two runs
-def test_micro_batches_do_not_change_the_run(tiny_policy, tiny_reward_model, prompt_files, tmp_path):
+@pytest.mark.parametrize("score_after_end", ["false", "true"])
+def test_micro_batches_do_not_change_the_run(tiny_policy, tiny_reward_model, prompt_files, tmp_path, score_after_end):
     """Gradient accumulation is exact: micro-batches of 1 and of the whole mini-batch give the same weights (within
-    float32 rounding of sums taken in another order)."""
+    float32 rounding of sums taken in another order), the critic's states after the end included. A stop string
+    one random token in seven contains ends completions at every length."""
     train, val = prompt_files
     runs = {}
     for micro in (1, 4):
         out = tmp_path / f"micro{micro}"
         args = ppo_overrides(tiny_policy, tiny_reward_model, train, val, out, steps=2)
         assert cli.main(["ppo", *args, f"policy.train_micro_batch_size={micro}", f"value.train_micro_batch_size={micro}",
+                         f"ppo.score_after_end={score_after_end}", "policy.generation.stop_strings=[m]",
                          "ppo.val_at_start=false", "logger.plots=false"]) == 0
         runs[micro] = {part: load_file(out / "final" / part) for part in ("model.safetensors", "critic/model.safetensors")}
     for part, weights in runs[1].items():

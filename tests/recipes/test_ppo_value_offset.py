@@ -33,7 +33,8 @@ def test_the_values_move_to_the_mean_monte_carlo_return():
     torch.manual_seed(0)
     token_mask = torch.tensor([[0, 0, 1, 1, 1, 0], [0, 1, 1, 1, 1, 1], [0, 0, 0, 1, 1, 0]], dtype=torch.float32)
     sample_mask = torch.tensor([1.0, 1.0, 0.0])  # the third completion is left out of the update: not counted
-    batch = {"token_mask": token_mask, "sample_mask": sample_mask, "values": torch.randn(3, 6) + 1.5,
+    batch = {"token_mask": token_mask, "value_mask": token_mask, "sample_mask": sample_mask,
+             "values": torch.randn(3, 6) + 1.5,
              "prev_logprobs": -torch.rand(3, 6), "reference_policy_logprobs": -torch.rand(3, 6)}
     rewards = torch.tensor([-1.2, 0.4, 3.0])
     kl_coef = 0.1
