@@ -35,7 +35,8 @@ that environment (`rmkit_scorer`). TRL's own path would read the raw ids ending 
 newline after it where a SmolLM2 reward model was trained to read. The critic's values are TRL's own `get_reward`.
 
 Known differences, each side as it ships:
-- TRL adds the score one position after the completion's last token, rmkit at the last token;
+- TRL adds the score one position after the completion's last token, rmkit at the last token (`--rmkit-set
+  ppo.score_after_end=true` puts it where TRL does);
 - padding: SmolLM2 pads with EOS, which its chat template also uses to end each turn, and TRL masks every pad id
   out of attention and ends a completion at its first pad: TRL's side pads with the unknown token instead;
 - rmkit clamps the KL estimate (input 20, output 10, rarely reached); TRL whitens with `rsqrt(var + 1e-8)`;
