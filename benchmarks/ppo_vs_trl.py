@@ -431,7 +431,9 @@ def rescore(argv: list[str]) -> None:
     `held_out_reward_rescored`. Several files (runs of one setting, e.g. seeds) must share the initial policy, the
     reward model and the lengths: a policy directory named by more than one (the initial policy, a TRL run reused
     by `--trl-from`) is scored once, and the paired differences are also summarised over the files (mean and
-    standard error over them)."""
+    standard error over them). `--scores-from EARLIER.json` (repeatable): a file already rescored on the same N
+    prompts, read only; the policy directories it scored are not scored again (a TRL run that `--trl-from`
+    reuses)."""
     import statistics
 
     from transformers import AutoTokenizer
@@ -442,15 +444,18 @@ def rescore(argv: list[str]) -> None:
     parser.add_argument("results", type=Path, nargs="+")
     parser.add_argument("--eval-prompts", type=int, default=128)
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR)
+    parser.add_argument("--scores-from", type=Path, action="append", default=[], metavar="EARLIER.json",
+                        help="an earlier results file rescored on the same prompts: its policies' scores are reused")
     args = parser.parse_args(argv)
     payloads = {path: json.loads(path.read_text()) for path in args.results}
+    earlier = {path: json.loads(path.read_text()) for path in args.scores_from}
 
     def shared(payload: dict) -> tuple:  # the policy each run exported (to its own work dir) and what scores it
         s = payload["settings"]
         return s["policy"], s["reward_model"], s["max_length"], s["max_new_tokens"]
 
     first = shared(payloads[args.results[0]])
-    for path, payload in payloads.items():
+    for path, payload in {**payloads, **earlier}.items():
         if shared(payload) != first:
             raise SystemExit(f"{path}: its initial policy, reward model or lengths {shared(payload)} differ from "
                              f"{args.results[0]}'s {first}; rescore them separately")
@@ -459,6 +464,14 @@ def rescore(argv: list[str]) -> None:
     prompts = select_prompts(args.data_dir / "hh_harmless_val.jsonl", AutoTokenizer.from_pretrained(policy_dir),
                              args.eval_prompts, max_length - max_new_tokens)
     scored: dict[str, dict] = {}
+    for path, payload in earlier.items():
+        held = payload.get("held_out_reward_rescored", {})
+        if held.get("prompts") != len(prompts):
+            raise SystemExit(f"--scores-from {path}: it holds no rescore on {len(prompts)} prompts (it has "
+                             f"{held.get('prompts', 'none')}); rescore it with --eval-prompts {args.eval_prompts} first")
+        directories = {"initial": payload["configs"]["rmkit"]["policy"]["model_name"],
+                       **{r["side"]: r["model_dir"] for r in payload["runs"]}}
+        scored.update({directories[name]: value for name, value in held["rewards"].items()})
 
     def score(directory: str) -> dict:
         if directory not in scored:

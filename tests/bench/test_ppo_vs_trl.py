@@ -153,6 +153,14 @@ def test_smoke_run_end_to_end(shared_data, tmp_path, capsys, monkeypatch):
     both = [json.loads(f.read_text())["held_out_reward_rescored"] for f in (out, twin)]
     assert both[0] == both[1] and both[0]["prompts"] == 2
     assert "over the 2 files" in capsys.readouterr().out
+    # --scores-from: the policies an earlier file scored on the same prompts are not scored again
+    scored.clear()
+    assert ppo_vs_trl.main(["rescore", str(twin), "--eval-prompts", "2", "--scores-from", str(out),
+                            "--data-dir", str(shared_data)]) == 0
+    assert scored == [] and json.loads(twin.read_text())["held_out_reward_rescored"] == both[0]
+    with pytest.raises(SystemExit, match="holds no rescore on 3 prompts"):
+        ppo_vs_trl.main(["rescore", str(twin), "--eval-prompts", "3", "--scores-from", str(out),
+                         "--data-dir", str(shared_data)])
     other = tmp_path / "other.json"
     payload = json.loads(out.read_text())
     payload["settings"]["reward_model"] += "-another"
