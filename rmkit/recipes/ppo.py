@@ -312,10 +312,12 @@ def with_value_mask(batch: dict, rollout, cfg, pad_id: int) -> dict:
     so that the critic's head at the last token lands on it; the policy never trains on it, and it changes
     nothing before it). The batch grows by a column when a longest row needs one."""
     batch["value_mask"] = batch["token_mask"].clone()
+    if not cfg.ppo.score_after_end:
+        return batch
     limit = cfg.policy.generation.max_new_tokens
     finished = [not cut and len(ids) < limit for cut, ids in zip(rollout.truncated.tolist(), rollout.completion_ids)]
     rows = torch.tensor(finished, dtype=torch.bool).nonzero().flatten()
-    if not cfg.ppo.score_after_end or len(rows) == 0:
+    if len(rows) == 0:
         return batch
     ends = batch["attention_mask"][rows].sum(1)
     if int(ends.max()) == batch["input_ids"].shape[1]:
