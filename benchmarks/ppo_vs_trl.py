@@ -68,6 +68,7 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -83,8 +84,10 @@ SMOKE = {"prompts": 4, "steps": 2, "minibatches": 2, "ppo_epochs": 2, "max_new_t
          "eval_prompts": 2, "lr": 1e-3}
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def settings_parser(description: str) -> argparse.ArgumentParser:
+    """The options of one matched run (the models, the prompts, every setting both sides share, the TRL
+    environment, the folders): this script's and `ppo_replay.py`'s."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--policy", default="smollm2", help="a causal LM directory (GGUF too) or smollm2")
     parser.add_argument("--reward-model", type=Path,
                         help="a decoder reward model with the policy's tokenizer (`rmkit train` on SmolLM2); it "
@@ -110,18 +113,34 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                              "(TRL `missing_eos_penalty`, rmkit `ppo.reward_shaping.missing_eos_penalty`); "
                              "default: neither")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts (0: skip)")
     parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--sides", default="trl,rmkit", help="comma list of trl, rmkit (run in this order)")
     parser.add_argument("--trl-python", type=Path, default=TRL_PYTHON, help="the TRL 1.12.0 environment's python")
+    parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR)
+    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rmkit-bench-ppo"))
+    return parser
+
+
+def check_settings(parser: argparse.ArgumentParser, args: argparse.Namespace, trl_hint: str | None) -> None:
+    """The checks of `settings_parser`'s options (`parser.error` on the first that fails); `trl_hint`: the run
+    needs the TRL environment, and what else the user can do when it is missing (None: it does not)."""
+    if not args.smoke and args.reward_model is None:
+        parser.error("--reward-model is required (or --smoke)")
+    if args.prompts % args.minibatches:
+        parser.error(f"--minibatches ({args.minibatches}) must divide --prompts ({args.prompts})")
+    if trl_hint is not None and not args.trl_python.exists():
+        parser.error(f"{args.trl_python} is missing: run benchmarks/setup_trl_ppo_env.sh, or {trl_hint}")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = settings_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--eval-prompts", type=int, default=16, help="held-out prompts (0: skip)")
+    parser.add_argument("--sides", default="trl,rmkit", help="comma list of trl, rmkit (run in this order)")
     parser.add_argument("--trl-from", type=Path, metavar="RESULTS.json",
                         help="take the TRL run (its numbers and saved policy) from an earlier results file with the "
                              "same settings instead of running it again; with --sides rmkit")
     parser.add_argument("--rmkit-set", action="append", default=[], metavar="KEY=VALUE",
                         help="a dotted `rmkit ppo` override on top of the matched config (repeatable): a variant "
                              "of rmkit's side, recorded under `rmkit_overrides`; the TRL side is unchanged")
-    parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR)
-    parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rmkit-bench-ppo"))
     parser.add_argument("--output", type=Path, help="results JSON (default: benchmarks/results/ppo_vs_trl.json, "
                                                      "with --smoke WORK_DIR/ppo_vs_trl_smoke.json)")
     if "--smoke" in argv:
@@ -132,12 +151,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--trl-from takes the TRL run from the earlier file: use it with --sides rmkit")
     if not set(args.sides) <= set(SIDES):
         parser.error("--sides takes trl,rmkit")
-    if not args.smoke and args.reward_model is None:
-        parser.error("--reward-model is required (or --smoke)")
-    if args.prompts % args.minibatches:
-        parser.error(f"--minibatches ({args.minibatches}) must divide --prompts ({args.prompts})")
-    if "trl" in args.sides and not args.trl_python.exists():
-        parser.error(f"{args.trl_python} is missing: run benchmarks/setup_trl_ppo_env.sh, or pass --sides rmkit")
+    check_settings(parser, args, "pass --sides rmkit" if "trl" in args.sides else None)
     args.output = args.output or (args.work_dir / "ppo_vs_trl_smoke.json" if args.smoke else
                                   common.REPO_ROOT / "benchmarks" / "results" / "ppo_vs_trl.json")
     return args
@@ -240,9 +254,9 @@ def rmkit_scorer(spec: dict, tokenizer, prompts: list[list[int]]):
     return get_reward
 
 
-def train_trl(spec: dict, clock: harness.PhaseClock) -> list[dict]:
+def train_trl(spec: dict, clock: harness.PhaseClock, extend: Callable | None = None) -> list[dict]:
     """TRL's PPOTrainer on `trl_config(spec)`, its phases on `clock`; returns each step's generated tokens and
-    mean rollout score."""
+    mean rollout score. `extend(trainer)` is called before training starts (`ppo_replay.py` adds its recorder)."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification, AutoTokenizer
     from trl.experimental.ppo import PPOConfig, PPOTrainer, ppo_trainer
@@ -257,6 +271,8 @@ def train_trl(spec: dict, clock: harness.PhaseClock) -> list[dict]:
     trainer = PPOTrainer(args=PPOConfig(output_dir=spec["out_dir"], **trl_config(spec)), processing_class=tokenizer,
                          model=model, ref_model=None, reward_model=placeholder, value_model=critic,
                          train_dataset=Dataset.from_dict({"input_ids": prompts}))
+    if extend is not None:
+        extend(trainer)
     generated = []
     generate = clock.timed(ppo_trainer.batch_generation, "generation")
 
