@@ -11,16 +11,18 @@ draws), and the policy's and the critic's weights (also before the first step).
 rmkit then starts from the same policy and critic, loaded as `rmkit ppo` loads them, with TRL's algorithm where
 the two differ (`ppo.score_after_end=true`, `value.calibrate_offset=false`), and for each step in turn, carrying
 its own weights and optimizer state from the step before: lays TRL's rows out as its own batch
-(`trl_rows_as_rollout`), computes its critic's values and its reference's log-probs on them, its advantages and
-returns from TRL's scores and sampler log-probs (`compute_advantages`), and runs `update_actor_critic` with TRL's
-mini-batch orders. Per step it reports the largest differences from TRL's values, reference log-probs,
-advantages and returns, and for each model the distance of its weights from TRL's after the step, relative to
-the size of TRL's update in that step (`distance / update`). The same computation gives float rounding
-(~1e-3 of an update and below); a difference in the algorithm gives a difference of the order of the update.
+(`trl_rows_as_rollout`), scores them with its own reward environment (`score_rollout`), computes its critic's
+values and its reference's log-probs on them, its advantages and returns from its scores and TRL's sampler
+log-probs (`compute_advantages`), and runs `update_actor_critic` with TRL's mini-batch orders. Per step it
+reports the largest differences from TRL's scores, values, reference log-probs, advantages and returns, and for
+each model the distance of its weights from TRL's after the step, relative to the size of TRL's update in that
+step (`distance / update`). The same computation gives float rounding (~1e-3 of an update and below); a
+difference in the algorithm gives a difference of the order of the update.
 
     bash benchmarks/setup_trl_ppo_env.sh
     python benchmarks/ppo_replay.py --reward-model results/rm_smollm2/final --seed 45 --steps 3 --lr 3e-5
     python benchmarks/ppo_replay.py --smoke    # tiny random models, 2 steps
+    python benchmarks/ppo_replay.py ... --from-record   # rmkit's half again on the recording in WORK_DIR
 """
 
 from __future__ import annotations
@@ -46,10 +48,15 @@ TRL_ALGORITHM = ["ppo.score_after_end=true", "value.calibrate_offset=false"]
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = ppo_vs_trl.settings_parser(__doc__.split("\n\n")[0])
     parser.add_argument("--output", type=Path, help="results JSON (default: WORK_DIR/ppo_replay.json)")
+    parser.add_argument("--from-record", action="store_true",
+                        help="replay the steps an earlier run with the same settings recorded in WORK_DIR/trl/record "
+                             "instead of running TRL again")
     if "--smoke" in argv:
         parser.set_defaults(**ppo_vs_trl.SMOKE)
     args = parser.parse_args(argv)
-    ppo_vs_trl.check_settings(parser, args, "pass --trl-python")
+    ppo_vs_trl.check_settings(parser, args, None if args.from_record else "pass --trl-python")
+    if args.from_record and not (args.work_dir / "trl" / "record" / f"step{args.steps}.pt").exists():
+        parser.error(f"--from-record: {args.work_dir / 'trl' / 'record'} holds no recording of {args.steps} steps")
     args.eval_prompts = 0  # `ppo_vs_trl.prepare`: no held-out prompts
     args.output = args.output or args.work_dir / "ppo_replay.json"
     return args
@@ -108,21 +115,22 @@ def worker(spec: dict) -> dict:
 # ---------------------------------------------------------------- rmkit's side (this process)
 
 
-def trl_rows_as_rollout(step: dict, prompts: dict, trl_pad_id: int):
+def trl_rows_as_rollout(step: dict, prompts: dict, trl_pad_id: int, tokenizer):
     """TRL's rows as rmkit's `Rollout`: each row's prompt (its query without TRL's left padding, looked up in
-    `prompts`, ids -> `PromptItem`) and its completion through its EOS (`step["eos_token_id"]`; every token when
-    it has none: `truncated`), with the sampler's log-probs of those tokens."""
+    `prompts`, ids -> `PromptItem`) and its completion through its EOS (`tokenizer`'s; every token when it has
+    none: `truncated`), with the sampler's log-probs of those tokens and the text rmkit's sampler would give
+    (decoded without special tokens)."""
     from rmkit.trainer.rollout import Rollout
 
-    rows, completions, logprobs, truncated = [], [], [], []
+    rows, completions, text, logprobs, truncated = [], [], [], [], []
     for query, response, logprob, last in zip(step["queries"].tolist(), step["postprocessed_responses"].tolist(),
                                               step["logprobs"], step["sequence_lengths"].tolist()):
         rows.append(prompts[tuple(t for t in query if t != trl_pad_id)])
         completions.append(response[:last + 1])
+        text.append(tokenizer.decode(completions[-1], skip_special_tokens=True))
         logprobs.append(logprob[:last + 1].float())
-        truncated.append(response[last] != step["eos_token_id"])  # it ran to the limit: TRL's width
-    return Rollout(rows, torch.arange(len(rows)), completions, [""] * len(rows), logprobs,
-                   torch.tensor(truncated, dtype=torch.bool))
+        truncated.append(response[last] != tokenizer.eos_token_id)  # it ran to the limit: TRL's width
+    return Rollout(rows, torch.arange(len(rows)), completions, text, logprobs, torch.tensor(truncated, dtype=torch.bool))
 
 
 def at_trl_positions(values: torch.Tensor, batch: dict, width: int) -> torch.Tensor:
@@ -152,9 +160,9 @@ def weights_distance(model: torch.nn.Module, after: dict, before: dict) -> dict:
 def replay(args: argparse.Namespace, data: dict, record_dir: Path) -> list[dict]:
     """rmkit's update on TRL's recorded steps in turn (the module docstring); each step's comparison."""
     import yaml
-    from transformers import AutoTokenizer
 
     from rmkit.config import load_config
+    from rmkit.env import environment_for
     from rmkit.losses.policy_gradient import ClippedPGLossFn
     from rmkit.losses.value import MseValueLossFn
     from rmkit.models.critic import ActorCritic, TokenValues
@@ -162,7 +170,13 @@ def replay(args: argparse.Namespace, data: dict, record_dir: Path) -> list[dict]
     from rmkit.recipes import ppo
     from rmkit.recipes.configs import PPOConfig
     from rmkit.trainer.optim import joint_optimizer
-    from rmkit.trainer.rollout import PromptItem, batch_logprobs, reference_policy, training_batch
+    from rmkit.trainer.rollout import (
+        PromptItem,
+        batch_logprobs,
+        reference_policy,
+        score_rollout,
+        training_batch,
+    )
     from rmkit.trainer.state import TrainState
 
     torch.set_num_threads(args.threads)
@@ -183,16 +197,17 @@ def replay(args: argparse.Namespace, data: dict, record_dir: Path) -> list[dict]
     ids = json.loads(Path(data["prompt_ids_file"]).read_text())
     prompts = {tuple(i): PromptItem(f"{data['prompts_file']}:{n + 1}", m, i) for n, (m, i) in enumerate(zip(messages, ids))}
     trl_pad_id = ppo_vs_trl.trl_tokenizer(data["policy_dir"]).pad_token_id
-    eos_id = AutoTokenizer.from_pretrained(data["policy_dir"]).eos_token_id
+    env = environment_for(cfg.env.reward_model)
 
     before = torch.load(record_dir / "step0.pt")
     report = [{"step": 0, **{name: weights_distance(model, before[name], before[name])
                              for name, model in (("policy", policy), ("critic", critic))}}]
     for k in range(1, args.steps + 1):
-        step = {**torch.load(record_dir / f"step{k}.pt"), "eos_token_id": eos_id}
+        step = torch.load(record_dir / f"step{k}.pt")
         if len(step["orders"]) != args.ppo_epochs:
             raise SystemExit(f"step {k}: {len(step['orders'])} mini-batch orders recorded, {args.ppo_epochs} expected")
-        rollout = trl_rows_as_rollout(step, prompts, trl_pad_id)
+        rollout = trl_rows_as_rollout(step, prompts, trl_pad_id, tokenizer)
+        rewards = score_rollout(env, rollout, k - 1)  # rmkit's reward for TRL's completions
         batch = ppo.with_value_mask(training_batch(rollout, tokenizer.pad_token_id), rollout, cfg,
                                     tokenizer.pad_token_id)
         batch["values"] = ppo.batch_values(models, batch, critic_cfg)
@@ -200,8 +215,7 @@ def replay(args: argparse.Namespace, data: dict, record_dir: Path) -> list[dict]
         with reference() as frozen:
             batch["reference_policy_logprobs"] = batch_logprobs(frozen, batch, cfg.policy.train_micro_batch_size,
                                                                 args.temperature, cfg.policy.precision)
-        batch["advantages"], batch["returns"] = ppo.compute_advantages(cfg, step["scores"].float(), batch,
-                                                                       args.kl_coef)
+        batch["advantages"], batch["returns"] = ppo.compute_advantages(cfg, rewards, batch, args.kl_coef)
         width = step["responses"].shape[1]
         lengths = step["sequence_lengths"][:, None] + 1
         tokens = (torch.arange(width) < lengths).float()  # TRL's ~padding_mask
@@ -210,8 +224,9 @@ def replay(args: argparse.Namespace, data: dict, record_dir: Path) -> list[dict]
                     "advantages": ("advantages", tokens), "returns": ("returns", states)}
         trl_names = {"values": "values", "reference_logprobs": "ref_logprobs", "advantages": "advantages",
                      "returns": "returns"}
-        differences = {name: largest_difference(at_trl_positions(batch[key], batch, width), step[trl_names[name]],
-                                                mask) for name, (key, mask) in compared.items()}
+        differences = {"scores": float((rewards - step["scores"]).abs().max()),
+                       **{name: largest_difference(at_trl_positions(batch[key], batch, width), step[trl_names[name]],
+                                                   mask) for name, (key, mask) in compared.items()}}
 
         def trl_order(batch, loop, step_index, epoch, orders=step["orders"]):  # TRL's mini-batch order
             order = torch.tensor(orders[epoch])
@@ -246,7 +261,10 @@ def main(argv: list[str] | None = None) -> int:
             "reward_model": data["reward_model"], "prompts_file": data["prompts_file"],
             "prompt_ids_file": data["prompt_ids_file"], "out_dir": str(args.work_dir / "trl" / "run"),
             "model_out": str(args.work_dir / "trl" / "model"), "record_dir": str(record_dir)}
-    trl = harness.launch(__file__, spec, args.work_dir / "trl", "cpu", "TRL run", python=args.trl_python)
+    if args.from_record:
+        trl = json.loads((args.work_dir / "trl" / "result.json").read_text())
+    else:
+        trl = harness.launch(__file__, spec, args.work_dir / "trl", "cpu", "TRL run", python=args.trl_python)
     steps = replay(args, data, record_dir)
     common.write_json(args.output, {
         "command": "python benchmarks/ppo_replay.py " + " ".join(argv),
