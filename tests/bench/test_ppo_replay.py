@@ -59,6 +59,16 @@ def test_command_line():
         ppo_replay.parse_args(["--trl-python", sys.executable])  # no reward model
 
 
+def test_from_record_needs_a_recording_of_every_step(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        ppo_replay.parse_args(["--smoke", "--work-dir", str(tmp_path), "--from-record", "--trl-python", "/nonexistent"])
+    assert "holds no recording of 2 steps" in capsys.readouterr().err
+    (tmp_path / "trl" / "record").mkdir(parents=True)
+    (tmp_path / "trl" / "record" / "step2.pt").touch()  # no TRL environment needed to replay a recording
+    assert ppo_replay.parse_args(["--smoke", "--work-dir", str(tmp_path), "--from-record",
+                                  "--trl-python", "/nonexistent"]).from_record
+
+
 @pytest.mark.slow  # ~60 s: TRL's run in its environment, then rmkit's update on each step
 @pytest.mark.skipif(not ppo_vs_trl.TRL_PYTHON.exists(),
                     reason="no .venv-trl112: run benchmarks/setup_trl_ppo_env.sh for the end-to-end run")
@@ -71,6 +81,12 @@ def test_rmkits_update_on_trls_steps_lands_on_trls_weights(shared_data, tmp_path
     assert [s["step"] for s in steps] == [0, 1, 2, 3]
     assert steps[0]["policy"]["distance"] == steps[0]["critic"]["distance"] == 0.0  # the same start
     for step in steps[1:]:
+        assert set(step["largest_difference"]) == {"scores", "values", "reference_logprobs", "advantages", "returns"}
         assert all(d < 1e-4 for d in step["largest_difference"].values()), step
         for model in ("policy", "critic"):  # a real update each step, and rmkit's lands on TRL's
             assert step[model]["update"] > 0 and step[model]["distance_over_update"] < 1e-3, (model, step)
+    # rmkit's half again on the same recording: the same comparison
+    again = tmp_path / "again.json"
+    assert ppo_replay.main(["--smoke", "--steps", "3", "--threads", "1", "--data-dir", str(shared_data),
+                            "--work-dir", str(tmp_path / "work"), "--output", str(again), "--from-record"]) == 0
+    assert json.loads(again.read_text())["steps"] == steps
