@@ -247,6 +247,7 @@ def replay(args: argparse.Namespace, data: dict, record_dir: Path) -> list[dict]
               + "; " + ", ".join(f"{name} {report[-1][name]['distance_over_update']:.2e} of its update"
                                  for name in ("policy", "critic")), flush=True)
         before = {name: step[name] for name in ("policy", "critic")}
+    env.shutdown()
     return report
 
 

@@ -7,31 +7,35 @@ import sys
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from benchmarks import ppo_replay, ppo_vs_trl
 from rmkit.trainer.rollout import PromptItem, training_batch
 
-EOS, PAD = 2, 0  # TRL's side pads with its own pad id (SmolLM2's unknown token), not EOS
+EOS, PAD = 2, 0  # SmolLM2's <|im_end|>; TRL's side pads with its own pad id, not EOS
 
 
 def recorded_step() -> dict:
     """Two rows as TRL holds them: left-padded queries, a completion that ended (EOS, then TRL's padding) and
     one that ran to the limit."""
     return {"queries": torch.tensor([[PAD, 5, 6], [7, 8, 9]]),
-            "postprocessed_responses": torch.tensor([[11, EOS, PAD, PAD], [12, 13, 14, 15]]),
+            "postprocessed_responses": torch.tensor([[1011, EOS, PAD, PAD], [1012, 1013, 1014, 1015]]),
             "logprobs": torch.tensor([[-0.5, -0.25, 1.0, 1.0], [-1.0, -2.0, -3.0, -4.0]]),  # 1.0: TRL's INVALID_LOGPROB
-            "sequence_lengths": torch.tensor([1, 3]), "eos_token_id": EOS}
+            "sequence_lengths": torch.tensor([1, 3])}
 
 
-def test_trl_rows_become_rmkits_rollout_and_read_back_at_trls_columns():
+def test_trl_rows_become_rmkits_rollout_and_read_back_at_trls_columns(tiny_policy):
+    tokenizer = AutoTokenizer.from_pretrained(tiny_policy)  # SmolLM2's
+    assert tokenizer.eos_token_id == EOS
     prompts = {(5, 6): PromptItem("p.jsonl:1", "first", [5, 6]), (7, 8, 9): PromptItem("p.jsonl:2", "second", [7, 8, 9])}
-    rollout = ppo_replay.trl_rows_as_rollout(recorded_step(), prompts, PAD)
+    rollout = ppo_replay.trl_rows_as_rollout(recorded_step(), prompts, PAD, tokenizer)
     assert [p.source for p in rollout.prompts] == ["p.jsonl:1", "p.jsonl:2"]
-    assert rollout.completion_ids == [[11, EOS], [12, 13, 14, 15]]  # through the EOS; all of a row without one
+    assert rollout.completion_ids == [[1011, EOS], [1012, 1013, 1014, 1015]]  # through the EOS; all of a row without one
     assert rollout.truncated.tolist() == [False, True]
+    assert rollout.text[1] and rollout.text == [tokenizer.decode([1011]), tokenizer.decode([1012, 1013, 1014, 1015])]  # no EOS
     assert [lp.tolist() for lp in rollout.logprobs] == [[-0.5, -0.25], [-1.0, -2.0, -3.0, -4.0]]
     batch = training_batch(rollout, EOS)
-    assert batch["input_ids"].tolist() == [[5, 6, 11, EOS, EOS, EOS, EOS], [7, 8, 9, 12, 13, 14, 15]]
+    assert batch["input_ids"].tolist() == [[5, 6, 1011, EOS, EOS, EOS, EOS], [7, 8, 9, 1012, 1013, 1014, 1015]]
     # rmkit's tensors aligned with input_ids, read at TRL's response columns: the sampler's log-probs come back
     back = ppo_replay.at_trl_positions(batch["generation_logprobs"], batch, 4)
     assert back.tolist() == [[-0.5, -0.25, 0.0, 0.0], [-1.0, -2.0, -3.0, -4.0]]
