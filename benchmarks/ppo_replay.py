@@ -180,8 +180,7 @@ def replay(args: argparse.Namespace, data: dict, record_dir: Path) -> list[dict]
     from rmkit.trainer.state import TrainState
 
     torch.set_num_threads(args.threads)
-    spec = {**ppo_vs_trl.settings(args), "policy_dir": data["policy_dir"], "reward_model": data["reward_model"],
-            "prompts_file": data["prompts_file"], "out_dir": str(args.work_dir / "rmkit")}
+    spec = ppo_vs_trl.side_spec(args, data, "rmkit", args.work_dir / "rmkit")
     config = args.work_dir / "replay.yaml"
     config.write_text(yaml.safe_dump(ppo_vs_trl.rmkit_config(spec), sort_keys=False))
     cfg = load_config(config, TRL_ALGORITHM, tree_type=PPOConfig)
@@ -258,10 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     data = ppo_vs_trl.prepare(args)
     record_dir = args.work_dir / "trl" / "record"
-    spec = {"side": "trl", **ppo_vs_trl.settings(args), "policy_dir": data["policy_dir"],
-            "reward_model": data["reward_model"], "prompts_file": data["prompts_file"],
-            "prompt_ids_file": data["prompt_ids_file"], "out_dir": str(args.work_dir / "trl" / "run"),
-            "model_out": str(args.work_dir / "trl" / "model"), "record_dir": str(record_dir)}
+    spec = {**ppo_vs_trl.side_spec(args, data, "trl", args.work_dir / "trl"), "record_dir": str(record_dir)}
     if args.from_record:
         trl = json.loads((args.work_dir / "trl" / "result.json").read_text())
     else:
@@ -273,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
         "settings": {**ppo_vs_trl.settings(args), "policy": "tiny random Llama (--smoke)" if args.smoke else args.policy,
                      "reward_model": data["reward_model"]},
         "rmkit_overrides": TRL_ALGORITHM,
-        "measures": "per step: the largest absolute differences from TRL's own values, reference log-probs, "
+        "measures": "per step: the largest absolute differences from TRL's own scores, values, reference log-probs, "
                     "advantages and returns on TRL's rows (over the positions TRL uses), and per model the distance "
                     "of rmkit's weights from TRL's after the step over the norm of TRL's update in that step",
         "steps": steps})

@@ -395,15 +395,21 @@ def settings(args: argparse.Namespace) -> dict:
                                                 "threads", "seed")}
 
 
+def side_spec(args, data: dict, side: str, out_dir: Path) -> dict:
+    """What one side's training process gets: the matched settings, `prepare`'s files, its run folder
+    (`out_dir/run`) and where its final policy goes (`out_dir/model`)."""
+    return {"side": side, **settings(args), "policy_dir": data["policy_dir"], "reward_model": data["reward_model"],
+            "prompts_file": data["prompts_file"], "prompt_ids_file": data["prompt_ids_file"],
+            "out_dir": str(out_dir / "run"), "model_out": str(out_dir / "model")}
+
+
 def run_side(args, data: dict, side: str) -> dict:
     out_dir = args.work_dir / side
     if out_dir.exists():
         import shutil
 
         shutil.rmtree(out_dir)
-    spec = {"side": side, **settings(args), "policy_dir": data["policy_dir"], "reward_model": data["reward_model"],
-            "prompts_file": data["prompts_file"], "prompt_ids_file": data["prompt_ids_file"],
-            "out_dir": str(out_dir / "run"), "model_out": str(out_dir / "model"), "rmkit_set": args.rmkit_set}
+    spec = {**side_spec(args, data, side, out_dir), "rmkit_set": args.rmkit_set}
     python = args.trl_python if side == "trl" else sys.executable
     result = harness.launch(__file__, spec, out_dir, "cpu", f"{side} run", python=python)
     if side == "rmkit":  # the critic must have started from the reward model, as TRL's value_model does
