@@ -453,9 +453,11 @@ def rescore(argv: list[str]) -> None:
     `held_out_reward_rescored`. Several files (runs of one setting, e.g. seeds) must share the initial policy, the
     reward model and the lengths: a policy directory named by more than one (the initial policy, a TRL run reused
     by `--trl-from`) is scored once, and the paired differences are also summarised over the files (mean and
-    standard error over them). `--scores-from EARLIER.json` (repeatable): a file already rescored on the same N
-    prompts, read only; the policy directories it scored are not scored again (a TRL run that `--trl-from`
-    reuses)."""
+    standard error over them). A policy a file already scored on the same N prompts (its run's own held-out reward,
+    or an earlier rescore) is not scored again: the prompts are the first N that fit, and greedy decoding gives the
+    same completions, so summarising seeds scored as they ran costs nothing. `--scores-from EARLIER.json`
+    (repeatable): one more file whose scores on the same N prompts are read, and nothing written to it (a TRL run
+    that `--trl-from` reuses)."""
     import statistics
 
     from transformers import AutoTokenizer
@@ -485,15 +487,26 @@ def rescore(argv: list[str]) -> None:
     policy_dir = payloads[args.results[0]]["configs"]["rmkit"]["policy"]["model_name"]  # the first run's export
     prompts = select_prompts(args.data_dir / "hh_harmless_val.jsonl", AutoTokenizer.from_pretrained(policy_dir),
                              args.eval_prompts, max_length - max_new_tokens)
-    scored: dict[str, dict] = {}
-    for path, payload in earlier.items():
-        held = payload.get("held_out_reward_rescored", {})
-        if held.get("prompts") != len(prompts):
-            raise SystemExit(f"--scores-from {path}: it holds no rescore on {len(prompts)} prompts (it has "
-                             f"{held.get('prompts', 'none')}); rescore it with --eval-prompts {args.eval_prompts} first")
+    def scored_on_these_prompts(payload: dict) -> dict[str, dict]:  # by policy directory
         directories = {"initial": payload["configs"]["rmkit"]["policy"]["model_name"],
                        **{r["side"]: r["model_dir"] for r in payload["runs"]}}
-        scored.update({directories[name]: value for name, value in held["rewards"].items()})
+        held = payload.get("held_out_reward_rescored", {})
+        if held.get("prompts") == len(prompts):
+            return {directories[name]: value for name, value in held["rewards"].items()}
+        if payload["settings"].get("held_out_prompts") == len(prompts):
+            return {directories[name]: value for name, value in payload["held_out_reward"].items()}
+        return {}
+
+    scored: dict[str, dict] = {}
+    for path, payload in earlier.items():
+        if not scored_on_these_prompts(payload):
+            raise SystemExit(f"--scores-from {path}: it holds no scores on {len(prompts)} prompts (its run scored "
+                             f"{payload['settings'].get('held_out_prompts', 'none')}, its rescore "
+                             f"{payload.get('held_out_reward_rescored', {}).get('prompts', 'none')}); rescore it with "
+                             f"--eval-prompts {args.eval_prompts} first")
+        scored.update(scored_on_these_prompts(payload))
+    for payload in payloads.values():
+        scored.update(scored_on_these_prompts(payload))
 
     def score(directory: str) -> dict:
         if directory not in scored:

@@ -12,6 +12,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
+from transformers import AutoTokenizer
 
 from benchmarks import grpo_vs_trl, ppo_vs_trl
 from rmkit.config import load_config
@@ -104,6 +105,42 @@ def test_both_configs_carry_the_same_settings(tmp_path):
     assert cfg.ppo.ppo_epochs == 4 and cfg.policy.train_global_batch_size == 4 and cfg.loss_fn.use_kl_in_reward
 
 
+def test_rescore_summarises_seeds_from_the_scores_their_runs_made(shared_data, tiny_policy, tmp_path, monkeypatch,
+                                                                  capsys):
+    """Results files whose runs scored the same held-out prompts are summarised over the seeds without generating
+    anything; on other prompts every policy directory is scored once."""
+    def held(rewards):
+        return {"mean": sum(rewards) / len(rewards), "std": 0.0, "rewards": rewards, "mean_tokens": 5.0}
+
+    def results(seed: int, trl: list[float], rmkit: list[float]) -> Path:
+        path = tmp_path / f"seed{seed}.json"
+        path.write_text(json.dumps({
+            "settings": {"policy": "smollm2", "reward_model": "/rm", "max_length": 128, "max_new_tokens": 6,
+                         "held_out_prompts": len(trl)},
+            "configs": {"rmkit": {"policy": {"model_name": tiny_policy}}},
+            "runs": [{"side": "trl", "model_dir": f"/s{seed}/trl"}, {"side": "rmkit", "model_dir": f"/s{seed}/rmkit"}],
+            "held_out_reward": {"initial": held([0.0] * len(trl)), "trl": held(trl), "rmkit": held(rmkit)}}))
+        return path
+
+    files = [results(1, [1.0, 2.0, 3.0], [0.0, 2.0, 1.0]), results(2, [0.0, 0.0, 0.0], [1.0, 1.0, 4.0])]
+    scored = []
+    monkeypatch.setattr(grpo_vs_trl, "held_out_reward",
+                        lambda directory, *_: scored.append(directory) or held([0.5, -0.5]))
+    command = ["rescore", *map(str, files), "--data-dir", str(shared_data)]
+    assert ppo_vs_trl.main([*command, "--eval-prompts", "3"]) == 0
+    assert scored == []
+    first = json.loads(files[0].read_text())["held_out_reward_rescored"]
+    assert first["prompts"] == 3 and first["rewards"]["trl"]["rewards"] == [1.0, 2.0, 3.0]
+    assert first["paired_differences"]["trl - rmkit"] == {"mean": 1.0, "se": pytest.approx(1 / 3 ** 0.5)}
+    # per file +1 and -2: over the two, -0.5 with standard error stdev(+1, -2) / sqrt(2) = 1.5
+    assert "trl - rmkit: -0.5000 (SE 1.5000, 2 files)" in capsys.readouterr().out
+    assert ppo_vs_trl.main([*command, "--eval-prompts", "2"]) == 0
+    assert sorted(scored) == sorted([tiny_policy, "/s1/trl", "/s1/rmkit", "/s2/trl", "/s2/rmkit"])
+    with pytest.raises(SystemExit, match="seed1.json: it holds no scores on 4 prompts"):
+        ppo_vs_trl.main(["rescore", str(files[1]), "--scores-from", str(files[0]), "--eval-prompts", "4",
+                         "--data-dir", str(shared_data)])
+
+
 @pytest.mark.slow  # ~80 s: two training subprocesses, each importing transformers (and TRL 1.12.0)
 @pytest.mark.skipif(not ppo_vs_trl.TRL_PYTHON.exists(),
                     reason="no .venv-trl112: run benchmarks/setup_trl_ppo_env.sh for the end-to-end run")
@@ -135,6 +172,10 @@ def test_smoke_run_end_to_end(shared_data, tmp_path, capsys, monkeypatch):
         final = load_file(next(Path(run["model_dir"]).glob("*.safetensors")))
         assert final.keys() == initial.keys() and any(not torch.equal(final[k], initial[k]) for k in initial)
     # rescore: the saved policies on more held-out prompts, paired against the initial one and each other
+    ran = out.read_text()
+    scored = []
+    real_held_out_reward = grpo_vs_trl.held_out_reward
+    monkeypatch.setattr(grpo_vs_trl, "held_out_reward", lambda d, *a: scored.append(d) or real_held_out_reward(d, *a))
     assert ppo_vs_trl.main(["rescore", str(out), "--eval-prompts", "3", "--data-dir", str(shared_data)]) == 0
     rescored = json.loads(out.read_text())["held_out_reward_rescored"]
     assert rescored["prompts"] == 3 and set(rescored["rewards"]) == {"initial", "trl", "rmkit"}
@@ -142,24 +183,35 @@ def test_smoke_run_end_to_end(shared_data, tmp_path, capsys, monkeypatch):
     assert set(rescored["paired_differences"]) == {"trl - initial", "rmkit - initial", "trl - rmkit"}
     trl_minus_rmkit = [a - b for a, b in zip(rescored["rewards"]["trl"]["rewards"], rescored["rewards"]["rmkit"]["rewards"])]
     assert rescored["paired_differences"]["trl - rmkit"]["mean"] == pytest.approx(sum(trl_minus_rmkit) / 3)
+    # the run's own prompts (the first 2 that fit): its scores are taken, the same as generating them again
+    scored.clear()
+    assert ppo_vs_trl.main(["rescore", str(out), "--eval-prompts", "2", "--data-dir", str(shared_data)]) == 0
+    assert scored == []
+    assert json.loads(out.read_text())["held_out_reward_rescored"]["rewards"] == payload["held_out_reward"]
+    budget = ppo_vs_trl.SMOKE["max_length"] - ppo_vs_trl.SMOKE["max_new_tokens"]
+    prompts = grpo_vs_trl.select_prompts(shared_data / "hh_harmless_val.jsonl",
+                                         AutoTokenizer.from_pretrained(tmp_path / "work" / "policy"), 2, budget)
+    fresh = real_held_out_reward(payload["runs"][1]["model_dir"], payload["settings"]["reward_model"], prompts,
+                                 ppo_vs_trl.SMOKE["max_new_tokens"])
+    assert fresh["rewards"] == pytest.approx(payload["held_out_reward"]["rmkit"]["rewards"], abs=1e-5)
     # several files at once (seeds of one setting): each into its own file, summarised over them
     twin = tmp_path / "twin.json"
-    twin.write_text(out.read_text())
-    scored = []
-    real_held_out_reward = grpo_vs_trl.held_out_reward
-    monkeypatch.setattr(grpo_vs_trl, "held_out_reward", lambda d, *a: scored.append(d) or real_held_out_reward(d, *a))
-    assert ppo_vs_trl.main(["rescore", str(out), str(twin), "--eval-prompts", "2", "--data-dir", str(shared_data)]) == 0
+    out.write_text(ran)
+    twin.write_text(ran)
+    scored.clear()
+    assert ppo_vs_trl.main(["rescore", str(out), str(twin), "--eval-prompts", "3", "--data-dir", str(shared_data)]) == 0
     assert len(scored) == len(set(scored)) == 3  # the initial policy and the two sides, once each for both files
     both = [json.loads(f.read_text())["held_out_reward_rescored"] for f in (out, twin)]
-    assert both[0] == both[1] and both[0]["prompts"] == 2
+    assert both[0] == both[1] and both[0]["prompts"] == 3
     assert "over the 2 files" in capsys.readouterr().out
     # --scores-from: the policies an earlier file scored on the same prompts are not scored again
+    twin.write_text(ran)
     scored.clear()
-    assert ppo_vs_trl.main(["rescore", str(twin), "--eval-prompts", "2", "--scores-from", str(out),
+    assert ppo_vs_trl.main(["rescore", str(twin), "--eval-prompts", "3", "--scores-from", str(out),
                             "--data-dir", str(shared_data)]) == 0
     assert scored == [] and json.loads(twin.read_text())["held_out_reward_rescored"] == both[0]
-    with pytest.raises(SystemExit, match="holds no rescore on 3 prompts"):
-        ppo_vs_trl.main(["rescore", str(twin), "--eval-prompts", "3", "--scores-from", str(out),
+    with pytest.raises(SystemExit, match="holds no scores on 4 prompts"):
+        ppo_vs_trl.main(["rescore", str(twin), "--eval-prompts", "4", "--scores-from", str(out),
                          "--data-dir", str(shared_data)])
     other = tmp_path / "other.json"
     payload = json.loads(out.read_text())
