@@ -487,24 +487,28 @@ def rescore(argv: list[str]) -> None:
     policy_dir = payloads[args.results[0]]["configs"]["rmkit"]["policy"]["model_name"]  # the first run's export
     prompts = select_prompts(args.data_dir / "hh_harmless_val.jsonl", AutoTokenizer.from_pretrained(policy_dir),
                              args.eval_prompts, max_length - max_new_tokens)
+
     def scored_on_these_prompts(payload: dict) -> dict[str, dict]:  # by policy directory
         directories = {"initial": payload["configs"]["rmkit"]["policy"]["model_name"],
                        **{r["side"]: r["model_dir"] for r in payload["runs"]}}
-        held = payload.get("held_out_reward_rescored", {})
-        if held.get("prompts") == len(prompts):
-            return {directories[name]: value for name, value in held["rewards"].items()}
-        if payload["settings"].get("held_out_prompts") == len(prompts):
-            return {directories[name]: value for name, value in payload["held_out_reward"].items()}
-        return {}
+        rescored = payload.get("held_out_reward_rescored", {})
+        if rescored.get("prompts") == len(prompts):
+            held = rescored["rewards"]
+        elif payload["settings"].get("held_out_prompts") == len(prompts):
+            held = payload["held_out_reward"]
+        else:
+            return {}
+        return {directories[name]: value for name, value in held.items()}
 
     scored: dict[str, dict] = {}
     for path, payload in earlier.items():
-        if not scored_on_these_prompts(payload):
+        found = scored_on_these_prompts(payload)
+        if not found:
             raise SystemExit(f"--scores-from {path}: it holds no scores on {len(prompts)} prompts (its run scored "
                              f"{payload['settings'].get('held_out_prompts', 'none')}, its rescore "
                              f"{payload.get('held_out_reward_rescored', {}).get('prompts', 'none')}); rescore it with "
                              f"--eval-prompts {args.eval_prompts} first")
-        scored.update(scored_on_these_prompts(payload))
+        scored.update(found)
     for payload in payloads.values():
         scored.update(scored_on_these_prompts(payload))
 
