@@ -1,25 +1,39 @@
-"""Does rmkit's reward-model recipe generalize as well as TRL's? Both trainers over several seeds, scored on a
-dev split that no choice was ever made on.
+"""Does rmkit's reward-model recipe generalize as well as TRL's? Both trainers over several seeds, scored on
+pairs that no choice was ever made on.
 
-The dev split: `--dev-pairs` pairs drawn from hh_harmless_train.jsonl with a fixed seed (`--split-seed`); every
-run trains on the rest with configs/rm.yaml's recipe (MiniLM, 2 epochs, lr 5e-5, cosine after 5% warmup,
-weight decay 0.01, batch 16, max length 256, fp32, dropout off). Each run is one of train_vs_trl.py's (a
-fresh subprocess, the same timing hooks, the same scoring code through the inference core); a seed sets
-the fresh head's initialization and the trainer's data order alike on both sides.
+Two studies (`--study`):
 
-Per variant: dev accuracy per seed, its mean and spread, and pairs/s. Against TRL, a paired comparison on
-the same pairs: per pair, the fraction of seeds each side got right; the mean difference over pairs and its
-standard error. The issue's bar: rmkit's mean is not below TRL's by more than that standard error.
+- `pref` (the default): train on `pref/alpacaeval_train.jsonl` (11,066 GPT-4-judged pairs on 639 prompts; all,
+  or `--train-pairs N` drawn with `--split-seed`, the same N for every seed and variant), score on
+  `pref/alpacaeval_dev.jsonl` (1,272 pairs on 74 other prompts) and, out of domain, on `hh_harmless_val.jsonl`
+  and `pandalm_val.jsonl`. The judge prefers longer answers, so every file also gets the length-only baseline
+  ("the longer response wins", in characters) and each variant its accuracy on the pairs whose chosen reply is
+  the longer and the shorter one.
+- `hh`: the earlier study: `--dev-pairs` pairs drawn from `hh_harmless_train.jsonl` (`--split-seed`) are the
+  dev split, the rest is trained on; with `--final`, `hh_harmless_val.jsonl` too.
 
-    python benchmarks/quality_vs_trl.py                                  # trl, rmkit, rmkit with random batches
-    python benchmarks/quality_vs_trl.py --variants trl,rmkit,per_text:data.pair_truncation=per_text
-    python benchmarks/quality_vs_trl.py --final                          # also hh_harmless_val.jsonl, once, at the end
+Every run trains with configs/rm.yaml's recipe (lr 5e-5, cosine after 5% warmup, weight decay 0.01, batch 16,
+fp32, dropout off) at `--max-length` for `--epochs` on `--workload`'s backbone. Each run is one of
+train_vs_trl.py's (a fresh subprocess, the same timing hooks, the same scoring code through the inference
+core); a seed sets the fresh head's initialization and the trainer's data order alike on both sides.
+
+Per variant: accuracy per seed, its mean and spread, and pairs/s. Against TRL, a paired comparison on the same
+pairs: per pair, the fraction of seeds each side got right; the mean difference over pairs and its standard
+error, clustered by prompt (pairs that share a prompt are not independent: dev has 74 prompts). The same
+paired comparison against the length-only baseline says whether a model beats "the longer response wins".
+
+    python benchmarks/quality_vs_trl.py --train-pairs 2000 --epochs 1           # pref: trl, rmkit, random batches
+    python benchmarks/quality_vs_trl.py --workload smollm2 --max-length 512 --train-pairs 1000
+    python benchmarks/quality_vs_trl.py --study hh --final                      # the earlier HH study
     python benchmarks/quality_vs_trl.py --variants trl,rmkit,X:KEY=VALUE --reuse earlier.json  # only X's runs train
 
 `--reuse FILE` (a results JSON or its .partial.jsonl) takes the runs of the same variant (label and
 overrides), seed and scored files from an earlier study instead of training them again: a run is
 deterministic given its seed (the same accuracies came back in studies days apart), so only its timing
-would differ, and the reused runs' pairs/s are those of the earlier machine state.
+would differ, and the reused runs' pairs/s are those of the earlier machine state. Only a study with the same
+training pairs, length and epochs may be reused: the results file records them.
+
+`--keep-models DIR` keeps every run's trained model as `DIR/<variant>-seed<S>` (for `rmkit merge`).
 
 A variant is `trl`, `rmkit`, or `LABEL:KEY=VALUE[+KEY=VALUE...]`: rmkit with those config overrides.
 """
@@ -39,21 +53,29 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks import common, harness, train_vs_trl  # noqa: E402
 
 DEFAULT_VARIANTS = "trl,rmkit,random_batches:data.batching=random"
+PREF_TRAIN = "pref/alpacaeval_train.jsonl"
+PREF_FILES = ("alpacaeval_dev.jsonl", "hh_harmless_val.jsonl", "pandalm_val.jsonl")  # dev first, then out of domain
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--study", choices=["pref", "hh"], default="pref")
     parser.add_argument("--variants", default=DEFAULT_VARIANTS)
     parser.add_argument("--seeds", default="42,1,2")
-    parser.add_argument("--dev-pairs", type=int, default=300)
+    parser.add_argument("--train-pairs", type=int, help="pref: train on N pairs drawn with --split-seed (default: all)")
+    parser.add_argument("--dev-pairs", type=int, default=300, help="hh: pairs carved from the training file")
     parser.add_argument("--split-seed", type=int, default=20261123)
     parser.add_argument("--epochs", type=int, default=2)
-    parser.add_argument("--final", action="store_true", help="also score hh_harmless_val.jsonl (report it once)")
+    parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--workload", choices=sorted(train_vs_trl.WORKLOADS), default="minilm")
+    parser.add_argument("--final", action="store_true", help="hh: also score hh_harmless_val.jsonl (report it once)")
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR)
-    parser.add_argument("--backbone", type=Path, help="another backbone than MiniLM (tests use a tiny one)")
+    parser.add_argument("--backbone", type=Path, help="another backbone than the workload's (tests use a tiny one)")
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--micro-batch-size", type=int, help="pairs per forward/backward (default: --batch-size)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rmkit-quality"))
+    parser.add_argument("--keep-models", type=Path, help="keep each run's model as DIR/<variant>-seed<S>")
     parser.add_argument("--reuse", type=Path, help="an earlier results JSON or .partial.jsonl whose matching runs are kept")
     parser.add_argument("--output", type=Path, default=common.REPO_ROOT / "benchmarks" / "results" / "quality_vs_trl.json")
     args = parser.parse_args(argv)
@@ -75,7 +97,7 @@ def parse_variant(text: str) -> tuple[str, str, list[str]]:
 
 
 def carve_split(args: argparse.Namespace) -> tuple[Path, Path]:
-    """`(train_rest.jsonl, eval_dir)`: `--dev-pairs` lines of the training file drawn with `--split-seed`
+    """hh: `(train_rest.jsonl, eval_dir)`: `--dev-pairs` lines of the training file drawn with `--split-seed`
     go to `eval_dir/dev.jsonl` (with `--final`, hh_harmless_val.jsonl beside it); the rest is for training."""
     lines = (args.data_dir / "hh_harmless_train.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
     order = list(range(len(lines)))
@@ -91,6 +113,43 @@ def carve_split(args: argparse.Namespace) -> tuple[Path, Path]:
     return train_path, eval_dir
 
 
+def pref_split(args: argparse.Namespace) -> tuple[Path, Path]:
+    """pref: `(train.jsonl, eval_dir)`: all of alpacaeval_train.jsonl, or `--train-pairs` of its lines drawn with
+    `--split-seed` (kept in file order); `eval_dir` links the dev file and the two out-of-domain files (the
+    data stays where it is: its licence keeps it out of the repository)."""
+    lines = (args.data_dir / PREF_TRAIN).read_text(encoding="utf-8").splitlines(keepends=True)
+    if args.train_pairs is not None:
+        if not 0 < args.train_pairs <= len(lines):
+            raise SystemExit(f"--train-pairs: {args.train_pairs} is not between 1 and {len(lines)}")
+        order = list(range(len(lines)))
+        random.Random(args.split_seed).shuffle(order)
+        lines = [lines[i] for i in sorted(order[:args.train_pairs])]
+    args.work_dir.mkdir(parents=True, exist_ok=True)
+    train_path = args.work_dir / "train.jsonl"
+    train_path.write_text("".join(lines), encoding="utf-8")
+    eval_dir = args.work_dir / "eval"
+    eval_dir.mkdir(exist_ok=True)
+    for name in PREF_FILES:
+        source = args.data_dir / ("pref/" + name if name.startswith("alpacaeval") else name)
+        link = eval_dir / name
+        link.unlink(missing_ok=True)
+        link.symlink_to(source.resolve())
+    return train_path, eval_dir
+
+
+def pair_facts(path: Path) -> dict:
+    """What the paired statistics need of a scored file, in the order its pairs are scored (`common.load_pairs`):
+    `clusters` (per pair, the index of its prompt among the file's distinct prompts) and `chosen_longer` (1
+    where the chosen response has more characters than the rejected one; the length-only baseline's pick)."""
+    from rmkit.report.metrics import response_length
+
+    pairs = common.load_pairs(path)
+    keys = [p.prompt if isinstance(p.prompt, str) else json.dumps(p.prompt, sort_keys=True) for p in pairs]
+    index = {key: i for i, key in enumerate(dict.fromkeys(keys))}
+    return {"clusters": [index[k] for k in keys],
+            "chosen_longer": [int(response_length(p.chosen) > response_length(p.rejected)) for p in pairs]}
+
+
 def one_run(args, train_path: Path, eval_dir: Path, files: list[str], seed: int,
             variant: tuple[str, str, list[str]], prepared: dict) -> dict:
     """One seed of one variant through train_vs_trl.py; returns its result with per-pair correctness.
@@ -98,10 +157,15 @@ def one_run(args, train_path: Path, eval_dir: Path, files: list[str], seed: int,
     held-out pairs: the same for every variant of a seed)."""
     label, side, overrides = variant
     argv = ["--train-file", str(train_path), "--eval-dir", str(eval_dir), "--eval-files", ",".join(files),
+            "--workload", args.workload, "--max-length", str(args.max_length),
             "--epochs", str(args.epochs), "--seed", str(seed), "--precision", "fp32", "--sides", side,
             "--batch-size", str(args.batch_size), "--threads", str(args.threads),
+            "--eval-pairs", str(10**9),  # every held-out pair, whatever the workload's default
             "--work-dir", str(args.work_dir / f"seed-{seed}"),
+            *(["--micro-batch-size", str(args.micro_batch_size)] if args.micro_batch_size else []),
             *(["--backbone", str(args.backbone)] if args.backbone else [])]
+    if args.keep_models:
+        argv += ["--keep-model", str(args.keep_models / f"{label}-seed{seed}")]
     for override in overrides:
         argv += ["--rmkit-override", override]
     run_args = train_vs_trl.parse_args(argv)
@@ -113,26 +177,46 @@ def one_run(args, train_path: Path, eval_dir: Path, files: list[str], seed: int,
     return result
 
 
-def reusable_runs(path: Path | None, files: list[str]) -> dict[tuple, dict]:
+def reusable_runs(path: Path | None, files: list[str], setting: dict | None = None) -> dict[tuple, dict]:
     """Finished runs of an earlier study by `(variant label, overrides, seed)`; only those scored on every
-    one of `files`."""
+    one of `files`, and (a results JSON that records it) only when its `setting` is this study's."""
     if path is None:
         return {}
     text = path.read_text(encoding="utf-8")
-    runs = json.loads(text)["runs"] if path.suffix == ".json" else [json.loads(line) for line in text.splitlines() if line]
+    if path.suffix == ".json":
+        payload = json.loads(text)
+        if setting is not None and payload.get("setting", setting) != setting:
+            raise SystemExit(f"--reuse: {path} trained with {payload['setting']}, this study with {setting}")
+        runs = payload["runs"]
+    else:
+        runs = [json.loads(line) for line in text.splitlines() if line]
     return {(r["variant"], tuple(r["overrides"]), r["seed"]): {**r, "reused_from": str(path)} for r in runs
             if all(f"correct/{name}" in r for name in files)}
 
 
-def paired(mine: list[list[int]], theirs: list[list[int]]) -> dict:
+def paired(mine: list[list[int]], theirs: list[list[int]], clusters: list[int] | None = None) -> dict:
     """Paired comparison over pairs: `mine[s][i]` / `theirs[s][i]` = seed s got pair i right. Per pair, the
-    fraction of seeds right; the mean of the differences and its standard error."""
+    fraction of seeds right; the mean of the differences and its standard error.
+
+    With `clusters` (per pair, its prompt), the standard error is the cluster-robust one (Liang & Zeger 1986,
+    with the G/(G-1) small-sample factor): `sqrt(G/(G-1) * sum_g (sum_{i in g} (d_i - mean))^2) / n` over the
+    G prompts; with one pair per prompt it is the plain `stdev / sqrt(n)`."""
     a = [statistics.fmean(col) for col in zip(*mine)]
     b = [statistics.fmean(col) for col in zip(*theirs)]
     diff = [x - y for x, y in zip(a, b)]
-    se = statistics.stdev(diff) / len(diff) ** 0.5 if len(diff) > 1 else float("nan")
-    return {"mean_difference": statistics.fmean(diff), "standard_error": se,
-            "not_below_by_more_than_se": statistics.fmean(diff) >= -se}
+    n, mean = len(diff), statistics.fmean(diff)
+    if clusters is None:
+        se = statistics.stdev(diff) / n ** 0.5 if n > 1 else float("nan")
+    else:
+        sums: dict[int, float] = {}
+        for d, g in zip(diff, clusters, strict=True):
+            sums[g] = sums.get(g, 0.0) + d - mean
+        groups = len(sums)
+        se = (groups / (groups - 1) * sum(v * v for v in sums.values())) ** 0.5 / n if groups > 1 else float("nan")
+    result = {"mean_difference": mean, "standard_error": se, "not_below_by_more_than_se": mean >= -se}
+    if clusters is not None:
+        result["clusters"] = len(set(clusters))
+    return result
 
 
 def _correct(runs: list[dict], seeds: list[int], name: str) -> list[list[int]]:
@@ -141,15 +225,34 @@ def _correct(runs: list[dict], seeds: list[int], name: str) -> list[list[int]]:
     return [by_seed[s] for s in seeds]
 
 
-def summarize(runs: list[dict], files: list[str]) -> dict:
+def length_controlled(correct: list[list[int]], chosen_longer: list[int]) -> dict:
+    """Mean accuracy over seeds on the pairs whose chosen response is the longer one and the shorter (or as
+    long) one."""
+    right = [statistics.fmean(col) for col in zip(*correct)]
+    longer = [r for r, c in zip(right, chosen_longer) if c]
+    shorter = [r for r, c in zip(right, chosen_longer) if not c]
+    return {"chosen_longer": statistics.fmean(longer) if longer else None, "n_longer": len(longer),
+            "chosen_not_longer": statistics.fmean(shorter) if shorter else None, "n_not_longer": len(shorter)}
+
+
+def summarize(runs: list[dict], files: list[str], facts: dict | None = None) -> dict:
+    """Per variant and file: accuracies, their mean and spread; against TRL the paired difference; with
+    `facts` (pref: per file `clusters` and `chosen_longer`), standard errors clustered by prompt, the
+    difference from the length-only baseline and the length-controlled accuracies."""
+    facts = facts or {}
     summary = {}
     for label in dict.fromkeys(r["variant"] for r in runs):
         mine = [r for r in runs if r["variant"] == label]
-        row = {"seeds": [r["seed"] for r in mine], "pairs_per_s": common.median([r["pairs_per_s"] for r in mine])}
+        seeds = [r["seed"] for r in mine]
+        row = {"seeds": seeds, "pairs_per_s": common.median([r["pairs_per_s"] for r in mine])}
         for name in files:
             accs = [r[f"accuracy/{name}"] for r in mine]
             row[name] = {"accuracy": accs, "mean": statistics.fmean(accs),
                          "std": statistics.stdev(accs) if len(accs) > 1 else 0.0}
+            if name in facts:
+                correct, longer = _correct(mine, seeds, name), facts[name]["chosen_longer"]
+                row[name]["vs_length_only"] = paired(correct, [longer], facts[name]["clusters"])
+                row[name]["length_controlled"] = length_controlled(correct, longer)
         summary[label] = row
     trl = [r for r in runs if r["variant"] == "trl"]
     for label, row in summary.items():
@@ -157,21 +260,37 @@ def summarize(runs: list[dict], files: list[str]) -> dict:
             continue
         mine = [r for r in runs if r["variant"] == label]
         seeds = sorted({r["seed"] for r in mine} & {r["seed"] for r in trl})
-        row["vs_trl"] = {name: paired(_correct(mine, seeds, name), _correct(trl, seeds, name)) for name in files}
+        row["vs_trl"] = {name: paired(_correct(mine, seeds, name), _correct(trl, seeds, name),
+                                      facts[name]["clusters"] if name in facts else None) for name in files}
         row["vs_trl"]["speed_ratio"] = row["pairs_per_s"] / summary["trl"]["pairs_per_s"]
     return summary
 
 
+def _short(name: str) -> str:
+    return name.removesuffix(".jsonl").removesuffix("_val").removeprefix("alpacaeval_")
+
+
 def markdown_table(payload: dict) -> str:
-    files = payload["files"]
-    head = ["variant", "pairs/s"] + [f"{f}: mean ± std (per seed)" for f in files] + [f"{f}: vs TRL (paired SE)" for f in files]
+    """One row per variant; per file the mean and per-seed accuracies, the paired difference from TRL and (pref)
+    from the length-only baseline (clustered SE), and the accuracy when the chosen reply is longer / not."""
+    files, baselines = payload["files"], payload.get("length_only", {})
+    head = ["variant", "pairs/s"]
+    for f in files:
+        head += [f"{_short(f)}: mean (per seed)", f"{_short(f)}: vs TRL (SE)"]
+        if f in baselines:
+            head += [f"{_short(f)}: vs length-only {baselines[f]:.1%} (SE)", f"{_short(f)}: chosen longer / not"]
     rows = []
     for label, row in payload["summary"].items():
         cells = [label, f"{row['pairs_per_s']:.2f}"]
-        cells += [f"{row[f]['mean']:.1%} ± {row[f]['std']:.1%} ({', '.join(f'{a:.1%}' for a in row[f]['accuracy'])})"
-                  for f in files]
-        cells += [f"{row['vs_trl'][f]['mean_difference']:+.1%} ({row['vs_trl'][f]['standard_error']:.1%})"
-                  if "vs_trl" in row else "-" for f in files]
+        for f in files:
+            cells.append(f"{row[f]['mean']:.1%} ({', '.join(f'{a:.1%}' for a in row[f]['accuracy'])})")
+            vs = row.get("vs_trl", {}).get(f)
+            cells.append(f"{vs['mean_difference']:+.1%} ({vs['standard_error']:.1%})" if vs else "-")
+            if f in baselines:
+                vs = row[f]["vs_length_only"]
+                lc = row[f]["length_controlled"]
+                cells += [f"{vs['mean_difference']:+.1%} ({vs['standard_error']:.1%})",
+                          f"{lc['chosen_longer']:.1%} / {lc['chosen_not_longer']:.1%}"]
         rows.append(cells)
     return harness.markdown(head, rows)
 
@@ -179,14 +298,23 @@ def markdown_table(payload: dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    train_path, eval_dir = carve_split(args)
-    files = ["dev.jsonl"] + (["hh_harmless_val.jsonl"] if args.final else [])
+    if args.study == "pref":
+        train_path, eval_dir = pref_split(args)
+        files = list(PREF_FILES)
+        facts = {name: pair_facts(eval_dir / name) for name in files}
+    else:
+        train_path, eval_dir = carve_split(args)
+        files = ["dev.jsonl"] + (["hh_harmless_val.jsonl"] if args.final else [])
+        facts = {}
+    setting = {"study": args.study, "workload": str(args.backbone or args.workload), "max_length": args.max_length,
+               "epochs": args.epochs, "batch_size": args.batch_size, "split_seed": args.split_seed,
+               "train_pairs": sum(1 for _ in train_path.open(encoding="utf-8"))}
     runs = []
     partial = args.output.with_suffix(".partial.jsonl")  # one line per finished run: a long study survives a kill
     partial.parent.mkdir(parents=True, exist_ok=True)
     partial.write_text("")
     prepared: dict[int, dict] = {}
-    earlier = reusable_runs(args.reuse, files)
+    earlier = reusable_runs(args.reuse, files, setting)
     for seed in args.seeds:
         for variant in args.variants:
             label, _, overrides = variant
@@ -197,9 +325,14 @@ def main(argv: list[str] | None = None) -> int:
     payload = {
         "command": "python benchmarks/quality_vs_trl.py " + " ".join(argv),
         "machine": common.machine_info(),
-        "split": {"seed": args.split_seed, "dev_pairs": args.dev_pairs, "from": "hh_harmless_train.jsonl"},
+        "setting": setting,
+        "split": ({"seed": args.split_seed, "train_pairs": setting["train_pairs"], "from": PREF_TRAIN}
+                  if args.study == "pref" else
+                  {"seed": args.split_seed, "dev_pairs": args.dev_pairs, "from": "hh_harmless_train.jsonl"}),
         "epochs": args.epochs, "seeds": args.seeds, "files": files,
-        "summary": summarize(runs, files),
+        "length_only": {name: statistics.fmean(f["chosen_longer"]) for name, f in facts.items()},
+        "pair_facts": facts,
+        "summary": summarize(runs, files, facts),
         "runs": runs,
     }
     common.write_json(args.output, payload)

@@ -111,6 +111,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--output", type=Path, help="results JSON (default: benchmarks/results/train_vs_trl[_WORKLOAD].json)"
     )
+    parser.add_argument("--keep-model", type=Path, help="move the first run's trained model there (else deleted)")
     args = parser.parse_args(argv)
     backbone, pairs, eval_pairs, eval_files = WORKLOADS[args.workload]
     args.backbone = args.backbone or backbone()
@@ -331,6 +332,10 @@ def run_once(args, data: dict, side: str, precision: str, repeat: int) -> dict:
             correct = common.pairwise_correct(Path(spec["model_out"]), pairs, args.max_length)
             result[f"accuracy/{name}"] = sum(correct) / len(correct)
             result[f"correct/{name}"] = [int(c) for c in correct]
+    if args.keep_model and repeat == 0:
+        shutil.rmtree(args.keep_model, ignore_errors=True)
+        args.keep_model.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(out_dir / "model"), args.keep_model)
     shutil.rmtree(out_dir / "model", ignore_errors=True)
     print(
         f"{side:>5} {precision} #{repeat}: {result['pairs_per_s']:.2f} pairs/s, train {train_s:.1f} s, "

@@ -255,7 +255,7 @@ def test_quality_vs_trl_smoke_two_seeds(tmp_path):
     data_dir.mkdir()
     write_pairs(data_dir / "hh_harmless_train.jsonl", 24)
     out = tmp_path / "quality.json"
-    quality_vs_trl.main(["--backbone", str(backbone), "--data-dir", str(data_dir), "--dev-pairs", "8",
+    quality_vs_trl.main(["--study", "hh", "--backbone", str(backbone), "--data-dir", str(data_dir), "--dev-pairs", "8",
                          "--seeds", "1,2", "--epochs", "1", "--batch-size", "8", "--threads", "1",
                          "--variants", "trl,rmkit,random:data.batching=random",
                          "--work-dir", str(tmp_path / "work"), "--output", str(out)])
@@ -271,7 +271,7 @@ def test_quality_vs_trl_smoke_two_seeds(tmp_path):
     assert {r["optimizer_steps"] for r in result["runs"]} == {2}
     # A second study reusing the first: only the new variant trains; the others come back unchanged.
     again = tmp_path / "again.json"
-    quality_vs_trl.main(["--backbone", str(backbone), "--data-dir", str(data_dir), "--dev-pairs", "8",
+    quality_vs_trl.main(["--study", "hh", "--backbone", str(backbone), "--data-dir", str(data_dir), "--dev-pairs", "8",
                          "--seeds", "1,2", "--epochs", "1", "--batch-size", "8", "--threads", "1",
                          "--variants", "trl,rmkit,window:data.length_group_window=2", "--reuse", str(out),
                          "--work-dir", str(tmp_path / "work"), "--output", str(again)])
@@ -281,3 +281,64 @@ def test_quality_vs_trl_smoke_two_seeds(tmp_path):
     first = {(r["variant"], r["seed"]): r for r in result["runs"]}
     for run in runs[:2]:
         assert run["correct/dev.jsonl"] == first[(run["variant"], run["seed"])]["correct/dev.jsonl"]
+
+
+def test_clustered_standard_error_against_hand_computed_values():
+    from benchmarks.quality_vs_trl import length_controlled, paired
+
+    # One seed each side, five pairs on two prompts (0, 0, 0, 1, 1). Differences [1, 0, 1, -1, 0]: mean .2.
+    # Centred sums per prompt: (.8 - .2 + .8) = 1.4 and (-1.2 - .2) = -1.4; G = 2 prompts:
+    # SE = sqrt(2/1 * (1.4^2 + 1.4^2)) / 5 = sqrt(7.84) / 5 = .56.
+    result = paired([[1, 1, 1, 0, 1]], [[0, 1, 0, 1, 1]], clusters=[0, 0, 0, 1, 1])
+    assert result["mean_difference"] == pytest.approx(0.2)
+    assert result["standard_error"] == pytest.approx(0.56)
+    assert result["clusters"] == 2
+    # One pair per prompt: the clustered SE is the plain one (stdev / sqrt(n)).
+    plain = paired([[1, 1, 0, 1], [1, 0, 0, 1]], [[1, 0, 1, 0], [0, 1, 0, 0]])
+    singletons = paired([[1, 1, 0, 1], [1, 0, 0, 1]], [[1, 0, 1, 0], [0, 1, 0, 0]], clusters=[3, 1, 2, 0])
+    assert singletons["standard_error"] == pytest.approx(plain["standard_error"])
+    # Seeds right per pair [1, .5, 0, 1]; the chosen reply is longer in pairs 0 and 2.
+    split = length_controlled([[1, 1, 0, 1], [1, 0, 0, 1]], [1, 0, 1, 0])
+    assert split == {"chosen_longer": 0.5, "n_longer": 2, "chosen_not_longer": 0.75, "n_not_longer": 2}
+
+
+@pytest.mark.slow
+def test_quality_vs_trl_pref_study_clusters_by_prompt_and_reports_the_length_baseline(tmp_path):
+    """The pref study on a tiny BERT: a drawn training subset, the dev file and the two out-of-domain files
+    linked (not copied), per-file prompt clusters and the length-only baseline, the models kept."""
+    from benchmarks import quality_vs_trl
+
+    backbone = tiny_bert_reward_model(tmp_path / "backbone")
+    data_dir = tmp_path / "data"
+    (data_dir / "pref").mkdir(parents=True)
+    write_pairs(data_dir / "pref" / "alpacaeval_train.jsonl", 24)
+    # dev: three prompts, 2 + 2 + 1 pairs; the chosen reply is the longer one in 3 of 5
+    dev = [{"prompt": f"q{i // 2}", "chosen": "yes" * (1 + i % 3), "rejected": "no" * 2} for i in range(5)]
+    (data_dir / "pref" / "alpacaeval_dev.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dev))
+    write_pairs(data_dir / "hh_harmless_val.jsonl", 4)
+    write_pairs(data_dir / "pandalm_val.jsonl", 4)
+    out, kept = tmp_path / "quality.json", tmp_path / "kept"
+    quality_vs_trl.main(["--backbone", str(backbone), "--data-dir", str(data_dir), "--train-pairs", "16",
+                         "--seeds", "1,2", "--epochs", "1", "--batch-size", "8", "--threads", "1",
+                         "--variants", "trl,rmkit", "--keep-models", str(kept),
+                         "--work-dir", str(tmp_path / "work"), "--output", str(out)])
+    train = (tmp_path / "work" / "train.jsonl").read_text().splitlines()
+    assert len(train) == 16 and set(train) <= set((data_dir / "pref" / "alpacaeval_train.jsonl").read_text().splitlines())
+    assert (tmp_path / "work" / "eval" / "alpacaeval_dev.jsonl").is_symlink()
+    result = json.loads(out.read_text())
+    assert result["files"] == ["alpacaeval_dev.jsonl", "hh_harmless_val.jsonl", "pandalm_val.jsonl"]
+    assert result["pair_facts"]["alpacaeval_dev.jsonl"] == {"clusters": [0, 0, 1, 1, 2], "chosen_longer": [0, 1, 1, 0, 1]}
+    assert result["length_only"]["alpacaeval_dev.jsonl"] == pytest.approx(0.6)
+    row = result["summary"]["rmkit"]
+    assert row["vs_trl"]["alpacaeval_dev.jsonl"]["clusters"] == 3
+    assert row["alpacaeval_dev.jsonl"]["length_controlled"]["n_longer"] == 3
+    assert result["setting"]["train_pairs"] == 16 and {r["optimizer_steps"] for r in result["runs"]} == {2}
+    assert {p.name for p in kept.iterdir()} == {"trl-seed1", "rmkit-seed1", "trl-seed2", "rmkit-seed2"}
+    assert (kept / "rmkit-seed1" / "config.json").is_file()
+    assert "vs length-only 60.0%" in quality_vs_trl.markdown_table(result)
+    # A study with other training pairs cannot reuse this one's runs.
+    with pytest.raises(SystemExit, match="--reuse"):
+        quality_vs_trl.main(["--backbone", str(backbone), "--data-dir", str(data_dir), "--train-pairs", "8",
+                             "--seeds", "1", "--epochs", "1", "--batch-size", "8", "--threads", "1",
+                             "--variants", "trl,rmkit", "--reuse", str(out),
+                             "--work-dir", str(tmp_path / "work2"), "--output", str(tmp_path / "q2.json")])
