@@ -12,6 +12,7 @@ import json
 import sys
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from rmkit.cli import description
@@ -19,7 +20,9 @@ from rmkit.data import FORMATS, load_preference_data, write_rejects
 from rmkit.data.readers import check_data_path
 from rmkit.errors import ConfigError
 from rmkit.inference import RewardScorer, check_reward_model_dir, load_scorer
+from rmkit.report.build import length_warnings
 from rmkit.report.layouts import LAYOUTS, detect_layout
+from rmkit.report.metrics import pair_stats, response_length
 from rmkit.validation import pair_metrics
 
 
@@ -97,9 +100,24 @@ def evaluate(args: argparse.Namespace) -> dict:
     report_skipped(args, loaded.skipped)
     rewards = scorer.score_ids([ids for p in tokenized.pairs for ids in (p.chosen_ids, p.rejected_ids)])
     metrics = pair_metrics(rewards[0::2, 0], rewards[1::2, 0])
+    metrics.update(length_metrics(loaded.records, rewards[0::2, 0].double().numpy(), rewards[1::2, 0].double().numpy()))
     metrics["truncated"] = tokenized.truncated
     metrics["skipped"] = len(loaded.skipped)
     return metrics
+
+
+def length_metrics(records: list, chosen: np.ndarray, rejected: np.ndarray) -> dict:
+    """The length section of `rmkit eval` (the report's figures, `rmkit.report.metrics`): the length-only
+    baseline `longer_wins_acc`, the accuracy on the pairs whose chosen response is longer and shorter (with
+    their counts), and `length_warning` (a sentence, or None)."""
+    chosen_len = np.array([response_length(r.chosen) for r in records])
+    rejected_len = np.array([response_length(r.rejected) for r in records])
+    stats = pair_stats(chosen, rejected, chosen_len, rejected_len)
+    split = stats["length_split"]
+    return {"longer_wins_acc": stats["longer_wins_accuracy"],
+            "acc_chosen_longer": split["chosen_longer"]["accuracy"], "num_chosen_longer": split["chosen_longer"]["n"],
+            "acc_chosen_shorter": split["chosen_shorter"]["accuracy"], "num_chosen_shorter": split["chosen_shorter"]["n"],
+            "length_warning": stats["length_warning"]}
 
 
 def write_model_report(args: argparse.Namespace) -> dict:
@@ -117,6 +135,11 @@ def write_model_report(args: argparse.Namespace) -> dict:
         models.append(score_model(scorer, evalset, name, path))
         del scorer  # one model in memory at a time
     return write_report(args.report, evalset, models, args.top_disagreements, args.calibration_bins)
+
+
+def _fraction(split: dict) -> str:
+    """`0.8125 (n=16)`, or `- (n=0)`."""
+    return f"{split['accuracy']:.4f} (n={split['n']})" if split["n"] else "- (n=0)"
 
 
 def benchmark_score(label: str, entry: dict) -> str:
@@ -147,6 +170,13 @@ def print_report(report: dict, out_dir: str) -> None:
             parts.append(benchmark_score("RM-Bench", rm) + (
                 f" (hard {rm['hard']:.4f}, normal {rm['normal']:.4f}, easy {rm['easy']:.4f})" if rm["complete"] else ""))
         print(f"{name}: " + "; ".join(parts))
+        bias = entry["length_bias"]
+        if bias is not None:
+            print(f"  length-only baseline (the longer response wins) {bias['longer_wins_accuracy']:.4f}; accuracy "
+                  f"when the chosen response is longer {_fraction(bias['chosen_longer'])}, "
+                  f"shorter {_fraction(bias['chosen_shorter'])}")
+    for name, where, text in length_warnings(report):
+        print(f"warning: {name}, {where}: {text}")
     print(f"report: {Path(out_dir) / 'report.html'}")
 
 
@@ -180,7 +210,10 @@ def main(argv: list[str]) -> int:
     if args.json:
         print(json.dumps(metrics))
     else:
+        warning = metrics.pop("length_warning")
         print(f"{args.data} scored by {args.model}")
         for key, value in metrics.items():
             print(f"  {key:<22} {value:.4f}" if isinstance(value, float) else f"  {key:<22} {value}")
+        if warning:
+            print(f"warning: {warning}")
     return 0

@@ -52,9 +52,21 @@ def pair_report(evalset: EvalSet, scores: ModelScores, calibration_bins: int = 1
         sections = rewardbench.section_scores({s: v["accuracy"] for s, v in subsets.items()})
     overall = {key: pooled[key] for key in ("n", "accuracy", "ci95", "ties", "mean_margin")}
     overall["rewardbench"] = rewardbench.overall_score(sections) if sections else None
-    length_bias = {key: pooled[key] for key in ("longer_wins_accuracy", "reward_length_spearman")}
+    length_bias = {key: pooled[key] for key in ("longer_wins_accuracy", "length_warning", "reward_length_spearman")}
     return {"subsets": subsets, "sections": sections, "overall": overall, "length_bias": {**length_bias, **pooled["length_split"]},
             "calibration": calibration(scores.chosen, scores.rejected, calibration_bins)}
+
+
+def length_warnings(report: dict) -> list[tuple[str, str, str]]:
+    """`(model, where, sentence)` for every model whose accuracy, overall or on a subset, is within
+    `LENGTH_MARGIN` of the length-only baseline or below it (`rmkit.report.metrics.length_warning`)."""
+    found = []
+    for name, entry in report["models"].items():
+        if entry["length_bias"] and entry["length_bias"]["length_warning"]:
+            found.append((name, "overall", entry["length_bias"]["length_warning"]))
+        found += [(name, f"subset {subset}", s["length_warning"]) for subset, s in entry["subsets"].items()
+                  if s["length_warning"] and len(entry["subsets"]) > 1]
+    return found
 
 
 def comparison(evalset: EvalSet, models: list[ModelScores], reports: dict[str, dict],

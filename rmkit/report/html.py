@@ -6,6 +6,7 @@ import base64
 import html
 
 from rmkit.report import plots
+from rmkit.report.build import length_warnings
 from rmkit.report.scoring import EvalSet, ModelScores
 
 STYLE = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:1200px;color:#222}
@@ -13,7 +14,8 @@ table{border-collapse:collapse;margin:0.6em 0 1.4em}th,td{border:1px solid #ccc;
 th:first-child,td:first-child{text-align:left}th{background:#f2f2f2}.note{color:#666;font-size:0.9em}
 img{max-width:100%;display:block;margin:0.5em 0 1.5em}.partial{color:#555;font-size:0.9em}
 .grids{display:flex;flex-wrap:wrap;gap:1.2em}.grid td{text-align:center;min-width:4em}
-caption{text-align:left;font-size:0.9em;padding:2px 0}"""
+caption{text-align:left;font-size:0.9em;padding:2px 0}
+.warning{background:#fff4e0;border-left:4px solid #e08a00;padding:0.4em 0.8em}"""
 
 # Writes into the page how many figures decoded and how many script errors happened, so a headless browser
 # (tests/report/test_html.py) can check that the page renders.
@@ -47,7 +49,7 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 def headline(report: dict) -> str:
     sections = next(iter(report["models"].values()))["sections"]
     header = ["model", "pairs", "accuracy [95% CI]"] + ([_e(s) for s in sections] + ["RewardBench"] if sections else [])
-    header += ["ECE", "acc. chosen longer", "acc. chosen shorter", "pairs truncated"]
+    header += ["ECE", "longer wins", "acc. chosen longer", "acc. chosen shorter", "pairs truncated"]
     rows = []
     for name, entry in report["models"].items():
         overall, bias = entry["overall"], entry["length_bias"]
@@ -56,10 +58,15 @@ def headline(report: dict) -> str:
         if sections:
             row += [section_cell(v) for v in entry["sections"].values()]
             row.append(pct(overall["rewardbench"]) if overall["rewardbench"] is not None else "incomplete")
-        row += [num(entry["calibration"]["ece"]), pct(bias["chosen_longer"]["accuracy"]),
+        row += [num(entry["calibration"]["ece"]), pct(bias["longer_wins_accuracy"]), pct(bias["chosen_longer"]["accuracy"]),
                 pct(bias["chosen_shorter"]["accuracy"]), str(entry["truncated"])]
         rows.append(row)
     return table(header, rows)
+
+
+def warning_block(report: dict) -> str:
+    items = "".join(f"<li><b>{_e(name)}</b>, {_e(where)}: {_e(text)}</li>" for name, where, text in length_warnings(report))
+    return f'<div class="warning" id="length-warnings"><b>Length bias</b><ul>{items}</ul></div>' if items else ""
 
 
 def section_cell(entry: dict, parts: str = "subsets") -> str:
@@ -123,11 +130,13 @@ def pair_sections(report: dict, models: list[ModelScores]) -> list[str]:
                ("Rewards: chosen vs rejected", plots.reward_histograms(models)),
                ("Reliability diagram", plots.reliability_diagram(report)),
                ("Length bias", plots.length_bias(report))]
-    return ["<h2>Headline</h2>", headline(report), section_notes(report),
+    return ["<h2>Headline</h2>", headline(report), warning_block(report), section_notes(report),
             "<h2>Subsets</h2>", *(subset_table(n, e) for n, e in report["models"].items()),
             comparison_tables(report),
             "<h2>Figures</h2>", *(figure(title, png) for title, png in figures),
-            '<p class="note">Length is counted in characters of the response. Confidence is '
+            '<p class="note">Length is counted in characters of the response. "Longer wins" is the '
+            "accuracy of always picking the longer response (the length-only baseline; equal lengths count as "
+            "wrong); a model within 2 points of it, or below, is flagged above. Confidence is "
             "sigmoid(|r_chosen &minus; r_rejected|); ECE weighs each bin's |accuracy &minus; confidence| by its "
             "pairs. Pairs truncated: pairs whose chosen or rejected input (prompt and response) was longer than "
             "the model's max length in tokens and was cut, keeping its end.</p>"]

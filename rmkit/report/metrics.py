@@ -12,6 +12,8 @@ import math
 import numpy as np
 
 Z95 = 1.959963984540054  # the 97.5th percentile of the standard normal
+# A model whose accuracy is not above "the longer response wins" by more than this may be scoring length.
+LENGTH_MARGIN = 0.02
 
 
 def wilson_interval(correct: int, n: int, z: float = Z95) -> list[float] | None:
@@ -67,19 +69,32 @@ def length_split(correct: np.ndarray, chosen_len: np.ndarray, rejected_len: np.n
             "same_length": _accuracy(correct[chosen_len == rejected_len])}
 
 
+def length_warning(accuracy: float | None, longer_wins: float | None) -> str | None:
+    """A plain sentence when `accuracy` is within `LENGTH_MARGIN` of the length-only baseline `longer_wins`
+    (or below it); None when the model beats the baseline by more, or either is unknown."""
+    if accuracy is None or longer_wins is None or accuracy > longer_wins + LENGTH_MARGIN:
+        return None
+    where = "below" if accuracy < longer_wins - LENGTH_MARGIN else f"within {LENGTH_MARGIN:.0%} of"
+    return (f"accuracy {accuracy:.1%} is {where} the length-only baseline {longer_wins:.1%} (\"the longer response "
+            "wins\"): on these pairs the model may be scoring length, not quality")
+
+
 def pair_stats(chosen: np.ndarray, rejected: np.ndarray, chosen_len: np.ndarray,
                rejected_len: np.ndarray) -> dict:
     """One subset's figures: `n`, `accuracy`, `ci95` (Wilson), `ties`, `longer_wins_accuracy` (the
-    accuracy of picking the longer response; equal lengths are wrong), `reward_length_spearman` (over
-    the 2N responses), `mean_margin` (mean `r_chosen - r_rejected`) and `length_split`."""
+    accuracy of picking the longer response; equal lengths are wrong), `length_warning` (`length_warning`),
+    `reward_length_spearman` (over the 2N responses), `mean_margin` (mean `r_chosen - r_rejected`) and
+    `length_split`."""
     correct = chosen > rejected
     n, right = int(chosen.size), int(correct.sum())
+    longer_wins = float((chosen_len > rejected_len).mean()) if n else None
     return {
         "n": n,
         "accuracy": right / n if n else None,
         "ci95": wilson_interval(right, n),
         "ties": int((chosen == rejected).sum()),
-        "longer_wins_accuracy": float((chosen_len > rejected_len).mean()) if n else None,
+        "longer_wins_accuracy": longer_wins,
+        "length_warning": length_warning(right / n if n else None, longer_wins),
         "reward_length_spearman": spearman(np.concatenate([chosen, rejected]),
                                            np.concatenate([chosen_len, rejected_len])),
         "mean_margin": float((chosen - rejected).mean()) if n else None,

@@ -78,3 +78,30 @@ def test_wilson_interval_contains_the_proportion_at_0_and_1():
     matplotlib refuses (the report then failed)."""
     for n in range(1, 300):
         assert wilson_interval(n, n)[1] >= 1.0 and wilson_interval(0, n)[0] <= 0.0
+
+
+def test_length_warnings_derived_by_hand(report):
+    """Chosen longer (characters) in rows 1, 4, 7, 10 of ROWS and in "kind words"/"no" of EXTRA: the length-only
+    baseline is 5/14 overall, under the 8/14 accuracy by far more than 2 points: no overall warning. Per subset
+    (accuracy vs "longer wins"): alpacaeval-length .5 vs .5 and math-prm .5 vs .5 are within 2 points,
+    mt-bench-easy 0 vs 0 too; mt-bench-med 0 vs .5 is below; the rest beat it."""
+    from rmkit.report.build import length_warnings
+
+    assert report["length_bias"]["longer_wins_accuracy"] == pytest.approx(5 / 14)
+    assert report["length_bias"]["length_warning"] is None
+    warned = {s: v["length_warning"] for s, v in report["subsets"].items() if v["length_warning"]}
+    assert set(warned) == {"alpacaeval-length", "math-prm", "mt-bench-easy", "mt-bench-med"}
+    assert "within 2% of the length-only baseline 50.0%" in warned["alpacaeval-length"]
+    assert "accuracy 0.0% is below the length-only baseline 50.0%" in warned["mt-bench-med"]
+    listed = length_warnings({"models": {"m": report}})
+    assert [where for _, where, _ in listed] == [f"subset {s}" for s in report["subsets"] if s in warned]
+
+
+def test_length_warning_threshold():
+    from rmkit.report.metrics import length_warning
+
+    assert length_warning(0.70, 0.67) is None  # 3 points above: beats the baseline
+    assert "within 2% of" in length_warning(0.68, 0.67)
+    assert "within 2% of" in length_warning(0.66, 0.67)
+    assert "below" in length_warning(0.60, 0.67)
+    assert length_warning(None, 0.67) is None and length_warning(0.5, None) is None

@@ -106,3 +106,50 @@ def test_empty_responses_when_allowed(tiny_decoder, tmp_path, capsys):
     report = json.loads(capsys.readouterr().out)
     stats = next(iter(report["models"].values()))["subsets"]["pandalm_like"]
     assert stats["n"] == 1 and stats["longer_wins_accuracy"] == 1.0
+
+
+def test_plain_eval_length_section_against_the_file(run, tiny_decoder, capsys):
+    """`rmkit eval` without --report: the length-only baseline and the length-controlled accuracies, computed
+    again here from the file's characters and the report's rewards (the same inference core)."""
+    _, out, rb, _ = run
+    name = next(iter(json.loads((out / "report.json").read_text())["models"]))
+    scores = read_jsonl(out / f"scores-{name}.jsonl")[:len(ROWS)]
+    records = read_jsonl(rb)
+    longer = [len(r["chosen"]) > len(r["rejected"]) for r in records]
+    shorter = [len(r["chosen"]) < len(r["rejected"]) for r in records]
+    right = [s["reward_chosen"] > s["reward_rejected"] for s in scores]
+    capsys.readouterr()
+    assert rmkit_main(["eval", "--model", tiny_decoder, "--data", str(rb), "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert plain["longer_wins_acc"] == pytest.approx(sum(longer) / len(records)) == pytest.approx(4 / 11)
+    assert plain["num_chosen_longer"] == 4 and plain["num_chosen_shorter"] == 5
+    assert plain["acc_chosen_longer"] == pytest.approx(sum(r for r, x in zip(right, longer) if x) / 4)
+    assert plain["acc_chosen_shorter"] == pytest.approx(sum(r for r, x in zip(right, shorter) if x) / 5)
+    expect_warning = plain["acc"] <= 4 / 11 + 0.02
+    assert (plain["length_warning"] is not None) == expect_warning
+
+
+def test_a_model_no_better_than_length_is_warned_about(tiny_decoder, tmp_path, capsys):
+    """Every chosen reply is the longer one: the length-only baseline is 100%, so any model is within 2 points
+    of it or below, and both `rmkit eval` and `eval --report` say so in plain words."""
+    data = tmp_path / "longer.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Q{i}?", "chosen": "a long and careful reply " * (i + 1),
+                                        "rejected": "no"}) + "\n" for i in range(6)))
+    capsys.readouterr()
+    assert rmkit_main(["eval", "--model", tiny_decoder, "--data", str(data)]) == 0
+    text = capsys.readouterr().out
+    assert "longer_wins_acc        1.0000" in text and "warning: accuracy" in text
+    assert "length-only baseline 100.0%" in text
+    out = tmp_path / "report"
+    assert rmkit_main(["eval", "--model", tiny_decoder, "--data", str(data), "--report", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "length-only baseline (the longer response wins) 1.0000" in text
+    assert f"warning: {name_of(out)}, overall: accuracy" in text
+    report = json.loads((out / "report.json").read_text())
+    assert "length-only baseline 100.0%" in next(iter(report["models"].values()))["length_bias"]["length_warning"]
+    page = (out / "report.html").read_text()
+    assert 'id="length-warnings"' in page and "length-only baseline 100.0%" in page
+
+
+def name_of(out):
+    return next(iter(json.loads((out / "report.json").read_text())["models"]))
