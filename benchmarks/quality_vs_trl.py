@@ -256,7 +256,7 @@ def summarize(runs: list[dict], files: list[str], facts: dict | None = None) -> 
         summary[label] = row
     trl = [r for r in runs if r["variant"] == "trl"]
     for label, row in summary.items():
-        if label == "trl":
+        if label == "trl" or not trl:  # a learning curve has rmkit's runs only
             continue
         mine = [r for r in runs if r["variant"] == label]
         seeds = sorted({r["seed"] for r in mine} & {r["seed"] for r in trl})

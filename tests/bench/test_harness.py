@@ -336,9 +336,53 @@ def test_quality_vs_trl_pref_study_clusters_by_prompt_and_reports_the_length_bas
     assert {p.name for p in kept.iterdir()} == {"trl-seed1", "rmkit-seed1", "trl-seed2", "rmkit-seed2"}
     assert (kept / "rmkit-seed1" / "config.json").is_file()
     assert "vs length-only 60.0%" in quality_vs_trl.markdown_table(result)
+    # The seeds' weight average against each seed and their ensemble, on the same files (merge_quality.py).
+    from benchmarks import merge_quality
+
+    merged_out = tmp_path / "merge.json"
+    merge_quality.main(["--models", str(kept), "--variants", "rmkit", "--data-dir", str(data_dir), "--threads", "1",
+                        "--work-dir", str(tmp_path / "merges"), "--output", str(merged_out)])
+    merged = json.loads(merged_out.read_text())["variants"]["rmkit"]
+    assert merged["seeds"] == [1, 2] and len(merged["merge_record"]["models"]) == 2
+    dev = merged["files"]["alpacaeval_dev.jsonl"]
+    assert set(dev["accuracy"]) == {"seed 1", "seed 2", "merge", "ensemble"}
+    assert dev["accuracy"]["seed 1"] == pytest.approx(
+        json.loads(out.read_text())["summary"]["rmkit"]["alpacaeval_dev.jsonl"]["accuracy"][0])  # same scoring
+    assert dev["merge_vs_seeds_mean"]["clusters"] == 3 and dev["length_only"] == pytest.approx(0.6)
     # A study with other training pairs cannot reuse this one's runs.
     with pytest.raises(SystemExit, match="--reuse"):
         quality_vs_trl.main(["--backbone", str(backbone), "--data-dir", str(data_dir), "--train-pairs", "8",
                              "--seeds", "1", "--epochs", "1", "--batch-size", "8", "--threads", "1",
                              "--variants", "trl,rmkit", "--reuse", str(out),
                              "--work-dir", str(tmp_path / "work2"), "--output", str(tmp_path / "q2.json")])
+
+
+@pytest.mark.slow
+def test_learning_curve_nested_points_and_the_png(tmp_path):
+    """Two points on a tiny BERT: nested training draws, per point the dev figures against the length-only
+    baseline, a PNG; a second curve reuses the measured point and trains only the new one."""
+    from benchmarks import learning_curve
+
+    backbone = tiny_bert_reward_model(tmp_path / "backbone")
+    data_dir = tmp_path / "data"
+    (data_dir / "pref").mkdir(parents=True)
+    write_pairs(data_dir / "pref" / "alpacaeval_train.jsonl", 24)
+    for name in ("pref/alpacaeval_dev.jsonl", "hh_harmless_val.jsonl", "pandalm_val.jsonl"):
+        write_pairs(data_dir / name, 4)
+    common_args = ["--backbone", str(backbone), "--data-dir", str(data_dir), "--epochs", "1", "--batch-size", "8",
+                   "--threads", "1", "--work-dir", str(tmp_path / "work")]
+    out = tmp_path / "curve.json"
+    learning_curve.main([*common_args, "--sizes", "8,16", "--output", str(out)])
+    small = (tmp_path / "work" / "n8" / "train.jsonl").read_text().splitlines()
+    large = (tmp_path / "work" / "n16" / "train.jsonl").read_text().splitlines()
+    assert len(small) == 8 and len(large) == 16 and set(small) <= set(large)
+    curve = json.loads(out.read_text())
+    assert [p["train_pairs"] for p in curve["points"]] == [8, 16]
+    dev = curve["points"][1]["alpacaeval_dev.jsonl"]
+    assert "vs_length_only" in dev and dev["length_controlled"]["n_longer"] + dev["length_controlled"]["n_not_longer"] == 4
+    assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    again = tmp_path / "again.json"
+    learning_curve.main([*common_args, "--sizes", "16,24", "--reuse", str(out), "--output", str(again)])
+    runs = [json.loads(line) for line in again.with_suffix(".partial.jsonl").read_text().splitlines()]
+    assert [("reused_from" in r) for r in runs] == [True, False]
+    assert json.loads(again.read_text())["points"][0]["alpacaeval_dev.jsonl"] == dev
