@@ -8,7 +8,7 @@ core (`load_scorer`, each side cut on its own, fp32). Per file: each model's acc
 difference from each seed and from the seeds' mean, and the ensemble's, with the standard error clustered by
 prompt (`quality_vs_trl.paired`).
 
-    python benchmarks/merge_quality.py --models /work/demo/q256e1_models --variants rmkit,random_batches
+    python benchmarks/merge_quality.py --models /work/demo/q256e1_models --variants rmkit,trl --max-length 256
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--variants", default="rmkit", help="comma list of variant labels to merge, each on its own")
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR)
     parser.add_argument("--files", default=",".join(PREF_FILES), help="files to score (alpacaeval_* under pref/)")
+    parser.add_argument("--max-length", type=int, help="tokens per input for every model (default: each model's "
+                        "scoring contract; TRL's saved models have none, so give the study's length)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rmkit-merge-quality"))
     parser.add_argument("--output", type=Path, default=common.REPO_ROOT / "benchmarks" / "results" / "merge_quality.json")
@@ -45,11 +47,12 @@ def data_path(args: argparse.Namespace, name: str) -> Path:
     return args.data_dir / ("pref/" + name if name.startswith("alpacaeval") else name)
 
 
-def rewards(model_dir: Path, pairs: list) -> tuple[list[float], list[float]]:
-    """Chosen and rejected rewards of `pairs` through the inference core (fp32, the model's contract)."""
+def rewards(model_dir: Path, pairs: list, max_length: int | None) -> tuple[list[float], list[float]]:
+    """Chosen and rejected rewards of `pairs` through the inference core (fp32; the model's contract, at
+    `max_length` when given)."""
     from rmkit.inference import load_scorer
 
-    scorer = load_scorer(model_dir, dtype="float32", precision="float32")
+    scorer = load_scorer(model_dir, dtype="float32", precision="float32", max_length=max_length)
     tokenized = scorer.encode_pairs(pairs)
     values = scorer.score_ids([ids for p in tokenized.pairs for ids in (p.chosen_ids, p.rejected_ids)])[:, 0]
     return values[0::2].tolist(), values[1::2].tolist()
@@ -62,12 +65,13 @@ def seed_models(folder: Path, variant: str) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
-def compare(variant: str, seeds: dict[int, Path], merged: Path, files: dict[str, list], facts: dict) -> dict:
+def compare(variant: str, seeds: dict[int, Path], merged: Path, files: dict[str, list], facts: dict,
+            max_length: int | None) -> dict:
     """Accuracy of every seed, the merge and the ensemble per file, and the paired differences."""
     result = {"seeds": list(seeds), "files": {}}
     for name, pairs in files.items():
-        scored = {str(s): rewards(path, pairs) for s, path in seeds.items()}
-        merged_rewards = rewards(merged, pairs)
+        scored = {str(s): rewards(path, pairs, max_length) for s, path in seeds.items()}
+        merged_rewards = rewards(merged, pairs, max_length)
         correct = {s: [int(c > r) for c, r in zip(*v)] for s, v in scored.items()}
         n_seeds = len(scored)
         ensemble = [int(sum(scored[s][0][i] for s in scored) / n_seeds > sum(scored[s][1][i] for s in scored) / n_seeds)
@@ -126,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
         merged.parent.mkdir(parents=True, exist_ok=True)
         if rmkit_main(["merge", *map(str, seeds.values()), "--output", str(merged)]) != 0:
             raise SystemExit(f"rmkit merge of {variant}'s seeds failed (above)")
-        payload["variants"][variant] = compare(variant, seeds, merged, files, facts)
+        payload["variants"][variant] = compare(variant, seeds, merged, files, facts, args.max_length)
         payload["variants"][variant]["merge_record"] = json.loads((merged / "merge.json").read_text())
     common.write_json(args.output, payload)
     print(markdown_table(payload))

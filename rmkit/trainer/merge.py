@@ -1,16 +1,16 @@
 """Weight averaging of reward models (WARM: Ramé et al. 2024, "WARM: On the Benefits of Weight Averaged
 Reward Models"): reward models fine-tuned from one base, averaged parameter by parameter, make one model
-that scores like their ensemble at the cost of one.
+scored at the cost of one that, by WARM's account, approaches their ensemble (rmkit's measurement on its own
+seeds: BENCHMARKS.md, "Weight averaging").
 
 Averaging only means something for models that share everything but their fine-tuning: one architecture
 (`config.json`), one tokenizer, one scoring contract and one base (the pretrained weights they started
 from). Each is checked before anything is written, and a mismatch is refused with one line naming the two
 models and what differs. The base is checked by distance: the backbone (every parameter outside the
 reward head, norm weights and biases) of each model is compared with the first model's,
-`||theta_i - theta_0|| / ||theta_0||`;
-fine-tunes of one base differ by a few percent (0.1-3% measured on MiniLM and SmolLM2 runs), models
-from different bases or different random initializations by 100% or more. Reward heads may differ freely
-(each seed of a study draws its own head).
+`||theta_i - theta_0|| / ||theta_0||`: three MiniLM seeds fine-tuned on 2,000 pairs differ by 0.9%, two
+random initializations of one architecture by about 141% (sqrt 2). Above `MAX_BASE_DISTANCE` the merge is
+refused. Reward heads may differ freely (each seed of a study draws its own head).
 
 The merged folder is an rmkit export like `rmkit train`'s `final/`: float32 safetensors, config, the
 tokenizer and the shared `scoring_contract.json`, without reward statistics (an average of models has
