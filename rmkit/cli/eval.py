@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     parser.add_argument("--report", metavar="OUT_DIR", default=None,
                         help="write report.json, report.html, scores-<model>.jsonl (and disagreements.jsonl) there "
-                             "instead of printing metrics (README: 'Evaluation, scoring and export')")
+                             "instead of printing metrics (docs/reward-models/evaluate.md, 'The report')")
     parser.add_argument("--top-disagreements", type=int, default=50,
                         help="with several models: pairs per two models in disagreements.jsonl")
     parser.add_argument("--calibration-bins", type=int, default=10, help="bins of the reliability diagram")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -54,7 +55,19 @@ def save_hf_model(model: torch.nn.Module, tokenizer, out_dir: str | Path) -> tup
     with transformers_progress_bars_off():
         model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
+    readable_as_umask_allows(out_dir)
     return model, out_dir
+
+
+def readable_as_umask_allows(out_dir: Path) -> None:
+    """Give every file in `out_dir` the mode a new file gets under the process umask (0644 under the usual
+    022). transformers writes the weights through a private temporary file (mode 0600), so without this a
+    serving account or a teammate could not read `model.safetensors` beside a readable config."""
+    umask = os.umask(0)
+    os.umask(umask)
+    for path in out_dir.iterdir():
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
 
 
 def export_model(model: torch.nn.Module, tokenizer, out_dir: str | Path, cfg: Config | None = None,

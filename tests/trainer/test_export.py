@@ -59,3 +59,18 @@ def test_lora_is_merged_and_the_head_is_saved(tiny_decoder, tmp_path):
     torch.testing.assert_close(_plain_rewards(out), expected, rtol=0, atol=1e-5)
     # the training model keeps its adapters (export merged a copy)
     assert any("lora_" in n for n, _ in peft_model.named_parameters())
+
+
+def test_every_exported_file_is_readable_as_the_umask_allows(tiny_encoder, tmp_path):
+    """transformers writes model.safetensors through a 0600 temporary file; the export gives it the mode any new
+    file gets (0644 under umask 022), like the config beside it."""
+    import os
+
+    model, tokenizer = load_reward_model(tiny_encoder, num_labels=1)
+    old = os.umask(0o022)
+    try:
+        out = export_model(model, tokenizer, tmp_path / "final", load_config(None))
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in out.iterdir()}
+    assert modes["model.safetensors"] == 0o644 and set(modes.values()) == {0o644}, modes
