@@ -88,6 +88,17 @@ def report_skipped(args: argparse.Namespace, skipped: list) -> None:
         print(f"rmkit eval: skipped {len(skipped)} records (see {args.rejects})", file=sys.stderr)
 
 
+def warn_identical(pairs: list) -> int:
+    """Say on stderr how many pairs have the same chosen and rejected response (a tie, so always counted
+    wrong: such pairs only lower the accuracy) and which is the first; returns the count."""
+    identical = [p for p in pairs if p.chosen == p.rejected]
+    if identical:
+        print(f"rmkit eval: warning: {len(identical)} of {len(pairs)} pairs have identical chosen and rejected "
+              f"responses (first: {identical[0].source}); a tie counts as wrong, so each lowers the accuracy: "
+              "fix or drop them (`rmkit data check FILE --identical error` lists them)", file=sys.stderr)
+    return len(identical)
+
+
 def evaluate(args: argparse.Namespace) -> dict:
     """The metrics of `args.model` on `args.data`."""
     layout = detect_layout(args.data) if args.layout == "auto" else args.layout
@@ -103,6 +114,7 @@ def evaluate(args: argparse.Namespace) -> dict:
     metrics.update(length_metrics(loaded.records, rewards[0::2, 0].double().numpy(), rewards[1::2, 0].double().numpy()))
     metrics["truncated"] = tokenized.truncated
     metrics["skipped"] = len(loaded.skipped)
+    metrics["identical_pairs"] = warn_identical(loaded.records)
     return metrics
 
 
@@ -129,6 +141,7 @@ def write_model_report(args: argparse.Namespace) -> dict:
             raise ConfigError(f"--{key.replace('_', '-')}", f"must be >= 1, got {getattr(args, key)}")
     evalset = load_eval_set(args.data, args.layout, **load_options(args))
     report_skipped(args, evalset.skipped)
+    warn_identical(evalset.pairs)
     models = []
     for name, path in zip(model_names(args.model), args.model):
         scorer = load_for_inference(argparse.Namespace(**{**vars(args), "model": path}))

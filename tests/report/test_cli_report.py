@@ -153,3 +153,18 @@ def test_a_model_no_better_than_length_is_warned_about(tiny_decoder, tmp_path, c
 
 def name_of(out):
     return next(iter(json.loads((out / "report.json").read_text())["models"]))
+
+
+def test_identical_pairs_are_named_not_silently_scored_wrong(tiny_decoder, tmp_path, capsys):
+    """Every pair's chosen equals its rejected: accuracy 0 by the tie rule, and both eval paths say why on
+    stderr, naming the count and the first record."""
+    data = tmp_path / "same.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Q{i}?", "chosen": "same", "rejected": "same"}) + "\n"
+                            for i in range(3)))
+    capsys.readouterr()
+    assert rmkit_main(["eval", "--model", tiny_decoder, "--data", str(data), "--json"]) == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out)["identical_pairs"] == 3 and json.loads(out.out)["acc"] == 0.0
+    assert f"3 of 3 pairs have identical chosen and rejected responses (first: {data}:1)" in out.err
+    assert rmkit_main(["eval", "--model", tiny_decoder, "--data", str(data), "--report", str(tmp_path / "r")]) == 0
+    assert "3 of 3 pairs have identical chosen and rejected" in capsys.readouterr().err
