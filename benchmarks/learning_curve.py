@@ -106,13 +106,14 @@ def plot(payload: dict, path: Path) -> None:
                label=f"{dev.removesuffix('.jsonl')}: the longer response wins")
     ax.axhline(0.5, color="grey", linewidth=0.8, linestyle=":")
     ax.set_xscale("log")
+    ax.minorticks_off()  # only the measured sizes are labelled
     ax.set_xticks(sizes, [f"{s:,}" for s in sizes])
     ax.set_xlabel("training pairs (alpacaeval_train, nested draws)")
     ax.set_ylabel("pairwise accuracy")
     ax.set_title(f"{payload['setting']['workload']}, max length {payload['setting']['max_length']}, "
-                 f"{payload['setting']['epochs']} epoch(s): accuracy by training pairs (bars: 2 clustered SE)",
+                 f"{payload['setting']['epochs']} epoch(s): accuracy by training pairs (bars: 2 SE, clustered by prompt)",
                  fontsize=9)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="center right")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
