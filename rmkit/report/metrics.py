@@ -74,7 +74,7 @@ def length_warning(accuracy: float | None, longer_wins: float | None) -> str | N
     (or below it); None when the model beats the baseline by more, or either is unknown."""
     if accuracy is None or longer_wins is None or accuracy > longer_wins + LENGTH_MARGIN:
         return None
-    where = "below" if accuracy < longer_wins - LENGTH_MARGIN else f"within {LENGTH_MARGIN:.0%} of"
+    where = "below" if accuracy < longer_wins - LENGTH_MARGIN else f"within {100 * LENGTH_MARGIN:.0f} points of"
     return (f"accuracy {accuracy:.1%} is {where} the length-only baseline {longer_wins:.1%} (\"the longer response "
             "wins\"): on these pairs the model may be scoring length, not quality")
 

@@ -360,7 +360,7 @@ def test_quality_vs_trl_pref_study_clusters_by_prompt_and_reports_the_length_bas
 @pytest.mark.slow
 def test_learning_curve_nested_points_and_the_png(tmp_path):
     """Two points on a tiny BERT: nested training draws, per point the dev figures against the length-only
-    baseline, a PNG; a second curve reuses the measured point and trains only the new one."""
+    baseline, a PNG; a second curve takes both points from the first instead of training them again."""
     from benchmarks import learning_curve
 
     backbone = tiny_bert_reward_model(tmp_path / "backbone")
@@ -382,7 +382,7 @@ def test_learning_curve_nested_points_and_the_png(tmp_path):
     assert "vs_length_only" in dev and dev["length_controlled"]["n_longer"] + dev["length_controlled"]["n_not_longer"] == 4
     assert out.with_suffix(".png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again = tmp_path / "again.json"
-    learning_curve.main([*common_args, "--sizes", "16,24", "--reuse", str(out), "--output", str(again)])
+    learning_curve.main([*common_args, "--sizes", "16,8", "--reuse", str(out), "--output", str(again)])
     runs = [json.loads(line) for line in again.with_suffix(".partial.jsonl").read_text().splitlines()]
-    assert [("reused_from" in r) for r in runs] == [True, False]
+    assert [r["reused_from"] for r in runs] == [str(out), str(out)]
     assert json.loads(again.read_text())["points"][0]["alpacaeval_dev.jsonl"] == dev

@@ -91,7 +91,7 @@ def test_length_warnings_derived_by_hand(report):
     assert report["length_bias"]["length_warning"] is None
     warned = {s: v["length_warning"] for s, v in report["subsets"].items() if v["length_warning"]}
     assert set(warned) == {"alpacaeval-length", "math-prm", "mt-bench-easy", "mt-bench-med"}
-    assert "within 2% of the length-only baseline 50.0%" in warned["alpacaeval-length"]
+    assert "within 2 points of the length-only baseline 50.0%" in warned["alpacaeval-length"]
     assert "accuracy 0.0% is below the length-only baseline 50.0%" in warned["mt-bench-med"]
     listed = length_warnings({"models": {"m": report}})
     assert [where for _, where, _ in listed] == [f"subset {s}" for s in report["subsets"] if s in warned]
@@ -101,7 +101,7 @@ def test_length_warning_threshold():
     from rmkit.report.metrics import length_warning
 
     assert length_warning(0.70, 0.67) is None  # 3 points above: beats the baseline
-    assert "within 2% of" in length_warning(0.68, 0.67)
-    assert "within 2% of" in length_warning(0.66, 0.67)
+    assert "within 2 points of" in length_warning(0.68, 0.67)
+    assert "within 2 points of" in length_warning(0.66, 0.67)
     assert "below" in length_warning(0.60, 0.67)
     assert length_warning(None, 0.67) is None and length_warning(0.5, None) is None
