@@ -128,10 +128,16 @@ def pairwise_accuracy(model_dir: Path, pairs: list, max_length: int) -> float:
     return sum(correct) / len(correct)
 
 
-def pairwise_correct(model_dir: Path, pairs: list, max_length: int) -> list[bool]:
-    """Per pair, whether the chosen reward is strictly greater (a tie is wrong), scored by the inference
-    core in fp32: `load_scorer(model_dir, max_length=max_length)`, each side of a pair encoded and cut to
-    `max_length` on its own (`encode_pairs`), rewards from `score_ids`."""
+def pairwise_correct(model_dir: Path, pairs: list, max_length: int | None) -> list[bool]:
+    """Per pair, whether the chosen reward is strictly greater (a tie is wrong): `pair_rewards`."""
+    chosen, rejected = pair_rewards(model_dir, pairs, max_length)
+    return (chosen > rejected).tolist()
+
+
+def pair_rewards(model_dir: Path, pairs: list, max_length: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`[N]` chosen and rejected rewards, scored by the inference core in fp32: `load_scorer(model_dir,
+    max_length=max_length)` (None: the model's scoring contract), each side of a pair encoded and cut on its
+    own (`encode_pairs`), rewards from `score_ids`."""
     from rmkit.inference import load_scorer
 
     scorer = load_scorer(model_dir, dtype="float32", precision="float32", max_length=max_length)
@@ -140,7 +146,7 @@ def pairwise_correct(model_dir: Path, pairs: list, max_length: int) -> list[bool
         raise SystemExit(f"{model_dir}: encoding dropped {len(pairs) - len(tokenized.pairs)} pairs")
     rows = [ids for p in tokenized.pairs for ids in (p.chosen_ids, p.rejected_ids)]  # [c0, r0, c1, r1, ...]
     rewards = scorer.score_ids(rows)[:, 0]
-    return (rewards[0::2] > rewards[1::2]).tolist()
+    return rewards[0::2], rewards[1::2]
 
 
 def non_embedding_params(model: torch.nn.Module) -> int:

@@ -142,13 +142,14 @@ def main(argv: list[str] | None = None) -> int:
     partial = args.output.with_suffix(".partial.jsonl")
     partial.parent.mkdir(parents=True, exist_ok=True)
     partial.write_text("")
-    points, every_run, files, facts, setting = [], [], list(quality_vs_trl.PREF_FILES), {}, None
+    files = list(quality_vs_trl.PREF_FILES)
+    facts = {name: quality_vs_trl.pair_facts(quality_vs_trl.pref_file(args.data_dir, name)) for name in files}
+    setting = {"workload": str(args.backbone or args.workload), "max_length": args.max_length,
+               "epochs": args.epochs, "batch_size": args.batch_size, "split_seed": args.split_seed}
+    points, every_run = [], []
     for size in args.sizes:
         study = study_args(args, size)
         train_path, eval_dir = quality_vs_trl.pref_split(study)
-        facts = facts or {name: quality_vs_trl.pair_facts(eval_dir / name) for name in files}
-        setting = {"workload": str(args.backbone or args.workload), "max_length": args.max_length,
-                   "epochs": args.epochs, "batch_size": args.batch_size, "split_seed": args.split_seed}
         runs, prepared = [], {}
         for seed in args.seeds:
             run = earlier.get((size, seed))

@@ -4,7 +4,7 @@ their ensemble (the mean of their rewards), scored on the same pairs in one run.
 Input: the models a study kept (`quality_vs_trl.py --keep-models DIR` writes `DIR/<variant>-seed<S>`). For each
 `--variants` label, its seeds' models are merged with `rmkit merge` (in `--work-dir`) and every model is scored
 on the study's files (alpacaeval_dev, then out of domain hh_harmless_val and pandalm_val) through the inference
-core (`load_scorer`, each side cut on its own, fp32). Per file: each model's accuracy; the merge's paired
+core (`common.pair_rewards`: each side cut on its own, fp32). Per file: each model's accuracy; the merge's paired
 difference from each seed and from the seeds' mean, and the ensemble's, with the standard error clustered by
 prompt (`quality_vs_trl.paired`).
 
@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks import common, harness  # noqa: E402
-from benchmarks.quality_vs_trl import PREF_FILES, pair_facts, paired  # noqa: E402
+from benchmarks.quality_vs_trl import PREF_FILES, pair_facts, paired, pref_file  # noqa: E402
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -43,21 +43,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def data_path(args: argparse.Namespace, name: str) -> Path:
-    return args.data_dir / ("pref/" + name if name.startswith("alpacaeval") else name)
-
-
-def rewards(model_dir: Path, pairs: list, max_length: int | None) -> tuple[list[float], list[float]]:
-    """Chosen and rejected rewards of `pairs` through the inference core (fp32; the model's contract, at
-    `max_length` when given)."""
-    from rmkit.inference import load_scorer
-
-    scorer = load_scorer(model_dir, dtype="float32", precision="float32", max_length=max_length)
-    tokenized = scorer.encode_pairs(pairs)
-    values = scorer.score_ids([ids for p in tokenized.pairs for ids in (p.chosen_ids, p.rejected_ids)])[:, 0]
-    return values[0::2].tolist(), values[1::2].tolist()
-
-
 def seed_models(folder: Path, variant: str) -> dict[int, Path]:
     found = {int(p.name.rsplit("-seed", 1)[1]): p for p in folder.glob(f"{variant}-seed*") if p.is_dir()}
     if len(found) < 2:
@@ -70,13 +55,14 @@ def compare(variant: str, seeds: dict[int, Path], merged: Path, files: dict[str,
     """Accuracy of every seed, the merge and the ensemble per file, and the paired differences."""
     result = {"seeds": list(seeds), "files": {}}
     for name, pairs in files.items():
-        scored = {str(s): rewards(path, pairs, max_length) for s, path in seeds.items()}
-        merged_rewards = rewards(merged, pairs, max_length)
-        correct = {s: [int(c > r) for c, r in zip(*v)] for s, v in scored.items()}
-        n_seeds = len(scored)
-        ensemble = [int(sum(scored[s][0][i] for s in scored) / n_seeds > sum(scored[s][1][i] for s in scored) / n_seeds)
-                    for i in range(len(pairs))]
-        merge = [int(c > r) for c, r in zip(*merged_rewards)]
+        scored = {str(s): common.pair_rewards(path, pairs, max_length) for s, path in seeds.items()}
+        correct = {s: (c > r).int().tolist() for s, (c, r) in scored.items()}
+        # the ensemble: each response's reward is the mean of the seeds' rewards
+        ensemble_chosen = sum(c.double() for c, _ in scored.values()) / len(scored)
+        ensemble_rejected = sum(r.double() for _, r in scored.values()) / len(scored)
+        ensemble = (ensemble_chosen > ensemble_rejected).int().tolist()
+        merged_chosen, merged_rejected = common.pair_rewards(merged, pairs, max_length)
+        merge = (merged_chosen > merged_rejected).int().tolist()
         clusters = facts[name]["clusters"]
         entry = {
             "accuracy": {**{f"seed {s}": statistics.fmean(c) for s, c in correct.items()},
@@ -119,8 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     from rmkit.cli import main as rmkit_main
 
     torch.set_num_threads(args.threads)
-    files = {name: common.load_pairs(data_path(args, name)) for name in args.files}
-    facts = {name: pair_facts(data_path(args, name)) for name in args.files}
+    files = {name: common.load_pairs(pref_file(args.data_dir, name)) for name in args.files}
+    facts = {name: pair_facts(pref_file(args.data_dir, name)) for name in args.files}
     payload = {"command": "python benchmarks/merge_quality.py " + " ".join(argv), "machine": common.machine_info(),
                "files": args.files, "variants": {}}
     for variant in args.variants:

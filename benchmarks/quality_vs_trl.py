@@ -130,11 +130,16 @@ def pref_split(args: argparse.Namespace) -> tuple[Path, Path]:
     eval_dir = args.work_dir / "eval"
     eval_dir.mkdir(exist_ok=True)
     for name in PREF_FILES:
-        source = args.data_dir / ("pref/" + name if name.startswith("alpacaeval") else name)
+        source = pref_file(args.data_dir, name)
         link = eval_dir / name
         link.unlink(missing_ok=True)
         link.symlink_to(source.resolve())
     return train_path, eval_dir
+
+
+def pref_file(data_dir: Path, name: str) -> Path:
+    """Where one of `PREF_FILES` lives under the data folder (the AlpacaEval files in `pref/`)."""
+    return data_dir / ("pref/" + name if name.startswith("alpacaeval") else name)
 
 
 def pair_facts(path: Path) -> dict:
