@@ -189,7 +189,7 @@ def replay(args: argparse.Namespace, data: dict, record_dir: Path) -> list[dict]
     reference = reference_policy(policy, cfg.policy, None, needed=True)
     critic_cfg, critic, _ = ppo.build_critic(cfg, tokenizer, device)
     models = ppo.Models(policy, policy, critic, TokenValues(critic), reference)
-    optimizer = joint_optimizer([(policy, cfg.policy.optimizer), (critic, critic_cfg.optimizer)])
+    optimizer = joint_optimizer({"policy": (policy, cfg.policy.optimizer), "critic": (critic, critic_cfg.optimizer)})
     state = TrainState(ActorCritic(policy, critic), optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0), None)
     loss_fn, value_loss_fn = ClippedPGLossFn(cfg.loss_fn), MseValueLossFn(cfg.value_loss_fn)
     messages = [json.loads(line)["messages"] for line in Path(data["prompts_file"]).read_text().splitlines()]

@@ -518,7 +518,22 @@ def _build(cls: type, values: dict, prefix: str = "", base: Any = None) -> Any:
             kwargs[name] = _build(type(current), value, key, current)
         else:
             kwargs[name] = _convert(value, hints[name], key)
-    return dataclasses.replace(base, **kwargs)
+    try:
+        return dataclasses.replace(base, **kwargs)
+    except ConfigError as err:
+        raise ConfigError(_key_at(err.key, prefix, names), err.message) from None
+
+
+def _key_at(key: str, prefix: str, names: set[str]) -> str:
+    """A section's check names its keys as the section usually sits (`policy.optimizer.lr`); built at `prefix`
+    (PPO's critic: `value.optimizer`), the key is said where it is: `value.optimizer.lr`."""
+    if not prefix or key.startswith(prefix + "."):
+        return key
+    parts = key.split(".")
+    for start in range(len(parts)):
+        if parts[start] in names:
+            return ".".join([prefix, *parts[start:]])
+    return key
 
 
 def _set_dotted(tree: dict, dotted: str, value: Any) -> None:

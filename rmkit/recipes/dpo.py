@@ -13,7 +13,6 @@ gradient accumulation, `rmkit.trainer.accumulate`).
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -31,16 +30,14 @@ from rmkit.models.policy import load_training_policy
 from rmkit.recipes.configs import DPOTree
 from rmkit.trainer.accumulate import accumulate, global_metrics, plan_micro_batches
 from rmkit.trainer.export import export_policy
-from rmkit.trainer.optim import build_optimizer, build_scheduler
+from rmkit.trainer.loop import RecipeParts, StepReport, fit, start_state, update
 from rmkit.trainer.plots import plot_training_curves
-from rmkit.trainer.progress import ProgressBar, StepWindow
 from rmkit.trainer.reference_logprobs import reference_logprobs, weights_digest
-from rmkit.trainer.resume import restore_rng, save_training_checkpoint
-from rmkit.trainer.run import Cadence, RunResult, apply_update, finish_run, resume, run_batches, start_run
+from rmkit.trainer.run import RunResult, start_run
 from rmkit.trainer.run_data import DataSet, make_sampler, report_data, resolve_data_path
-from rmkit.trainer.run_log import RunLogger, announce, append_samples, report_validation, summary
+from rmkit.trainer.run_log import RunLogger, append_samples
 from rmkit.trainer.sharding import shard_policy
-from rmkit.trainer.state import TrainState, total_steps
+from rmkit.trainer.state import total_steps
 
 SHOWN = ("/loss", "/accuracy", "/rewards_margin_mean")  # the headline validation metrics printed during a run
 
@@ -170,76 +167,29 @@ def train(cfg: DPOTree) -> RunResult:
     val = {name: (pairs[:limit], reference(pairs[:limit], f"validation-{name}")) for name, pairs in val_pairs.items()}
     loss_fn = DPOLossFn(cfg.dpo.loss_config())
 
-    # --- optimizer, schedule, state; resume (the logs rewound to match)
+    # --- optimizer, schedule, state
     sampler = make_sampler(cfg, [pair.length for pair in train_pairs], cfg.dpo.seed)
-    optimizer = build_optimizer(model, cfg.policy.optimizer)
     steps = total_steps(cfg.dpo, len(sampler))
-    scheduler = build_scheduler(optimizer, cfg.policy.scheduler, steps)
-    state = TrainState(model, optimizer, scheduler, sampler)
-    saved, logger = resume(run, state, steps)
-    announce(f"DPO of {cfg.policy.model_name}", model, f"{steps} steps of {cfg.policy.train_global_batch_size} pairs",
-             run.device, cfg.policy.precision)
-    val_metrics = saved.get("val_metrics", {})
-    validated = False
-    if cfg.dpo.val_at_start and val and not run.resume_from:
-        val_metrics, validated = run_validation(cfg, pair_logits, loss_fn, val, tokenizer, logger, 0, run.log_dir), True
-        report_validation(0, val_metrics, SHOWN)
+    state = start_state(model, cfg.policy, sampler, steps)
 
-    # --- the loop
-    if run.resume_from:
-        restore_rng(saved)  # last thing before the first step: nothing at setup shifts the random streams
-    bar = ProgressBar(steps, cfg.logger.progress_bar and dist.is_main(), initial=state.step)
-    total, window = StepWindow(), StepWindow()
-    window.__dict__.update(saved.get("log_window", {}))  # a resumed window logs the same means
-    sums: dict[str, float] = dict(saved.get("log_sums", {}))
-    when = Cadence.of(cfg, cfg.dpo, steps)
-    for indices in run_batches(state, steps, cfg.dpo.max_num_epochs):
-        t0 = time.perf_counter()
+    def step(indices: list[int]) -> StepReport:
         batch, refs = [train_pairs[i] for i in indices], [train_refs[i] for i in indices]
         metrics = dpo_step(forward, loss_fn, batch, refs, cfg.policy.train_micro_batch_size)
-        values = {k: float(v) for k, v in metrics.items()}  # the one host-device sync per step
-        lr, grad_norm = apply_update(state, values["loss"], cfg.policy.max_grad_norm,
-                                     f"Lower policy.optimizer.lr (now {cfg.policy.optimizer.lr}) or "
-                                     "dpo.reference_policy_kl_penalty, or check the data near this batch.")
-        state.step += 1
-        dt = time.perf_counter() - t0
+        pairs = int(metrics.pop("num_valid_samples"))
+        logged = update(state, metrics, cfg.policy.max_grad_norm, f"Lower policy.optimizer.lr (now "
+                        f"{cfg.policy.optimizer.lr}) or dpo.reference_policy_kl_penalty, or check the data near "
+                        "this batch.")
         tokens = sum(2 * len(p.prompt_ids) + len(p.chosen_ids) + len(p.rejected_ids) for p in batch)
-        tokens = int(dist.all_reduce_sum(torch.tensor(tokens)))
-        pairs = int(values["num_valid_samples"])
-        for w in (total, window):
-            w.add(dt, pairs, tokens, values["loss"], values["accuracy"])
-        sums = {k: sums.get(k, 0.0) + v for k, v in values.items()}
-        bar.update(values["loss"], values["accuracy"], *window.rates())
-        if when.log(state.step):
-            means = {f"train/{k}": v / window.steps for k, v in sums.items() if k != "num_valid_samples"}
-            logger.log({**means, **_rates(window), "train/grad_norm": float(grad_norm), "train/lr": lr}, state.step)
-            window, sums = StepWindow(), {}
-        if val and when.validate(state.step):
-            val_metrics = run_validation(cfg, pair_logits, loss_fn, val, tokenizer, logger, state.step, run.log_dir)
-            validated = True
-            bar.write(f"rmkit: step {state.step}: {summary(val_metrics, SHOWN)}")
-        if when.save(state.step):
-            extra = {"val_metrics": val_metrics, "log_window": dict(vars(window)), "log_sums": sums}
-            save_training_checkpoint(cfg, state, val_metrics, extra, tokenizer)
-    bar.close()
-    if val and (cfg.dpo.val_at_end or not (validated or val_metrics)):
-        val_metrics = run_validation(cfg, pair_logits, loss_fn, val, tokenizer, logger, state.step, run.log_dir)
-        report_validation(state.step, val_metrics, SHOWN)
+        shown = {"loss": logged["train/loss"], "acc": logged["train/accuracy"]}
+        return StepReport(logged, pairs, int(dist.all_reduce_sum(torch.tensor(tokens))), shown)
 
-    # --- the last checkpoint, the export (rank 0) and plots
-    final_dir = finish_run(run, state, logger, val_metrics, tokenizer,
-                           export=lambda whole, folder: export_policy(whole, tokenizer, folder, cfg),
-                           load_unsharded=lambda: load_training_policy(cfg.policy, torch.device("cpu"))[0])
-    plots = []
-    if cfg.logger.plots and dist.is_main():
-        plots = [p for p in [plot_training_curves(logger.history, run.log_dir / "training_curves.png",
-                                                  ("loss", "accuracy"))] if p]
-    dist.destroy()
-    pairs_per_s, tokens_per_s = total.rates()
-    return RunResult(final_dir, run.log_dir, state.step, val_metrics, {"pairs/s": pairs_per_s, "tokens/s": tokens_per_s},
-                     plots)
-
-
-def _rates(window: StepWindow) -> dict[str, float]:
-    pairs_per_s, tokens_per_s = window.rates()
-    return {"train/pairs_per_s": pairs_per_s, "train/tokens_per_s": tokens_per_s}
+    # --- the loop, the last checkpoint, the export (rank 0) and plots
+    return fit(run, state, steps, cfg.dpo, RecipeParts(
+        action=f"DPO of {cfg.policy.model_name}", length=f"{steps} steps of {cfg.policy.train_global_batch_size} pairs",
+        step=step, shown=SHOWN, tokenizer=tokenizer,
+        validate=(lambda at: run_validation(cfg, pair_logits, loss_fn, val, tokenizer, run.logger, at, run.log_dir))
+        if val else None,
+        export=lambda whole, folder: export_policy(whole, tokenizer, folder, cfg),
+        load_unsharded=lambda: load_training_policy(cfg.policy, torch.device("cpu"))[0],
+        plots=lambda history, log_dir: [plot_training_curves(history, log_dir / "training_curves.png",
+                                                             ("loss", "accuracy"))]))

@@ -38,11 +38,9 @@ from rmkit.models.policy import load_training_policy
 from rmkit.recipes.configs import GRPOConfig
 from rmkit.trainer.accumulate import accumulate
 from rmkit.trainer.export import export_policy
-from rmkit.trainer.optim import build_optimizer, build_scheduler
+from rmkit.trainer.loop import RecipeParts, StepReport, apply_update, fit, start_state
 from rmkit.trainer.plots import plot_curves
 from rmkit.trainer.policy_update import clipped_fraction, mean_over_updates
-from rmkit.trainer.progress import ProgressBar
-from rmkit.trainer.resume import restore_rng, save_training_checkpoint
 from rmkit.trainer.rl_guards import HackingWatch, KLCoefficient
 from rmkit.trainer.rl_validation import run_validation, warn
 from rmkit.trainer.rollout import (
@@ -61,10 +59,9 @@ from rmkit.trainer.rollout import (
     slice_rows,
     training_batch,
 )
-from rmkit.trainer.run import Cadence, RunResult, apply_update, finish_run, resume, run_batches, start_run
-from rmkit.trainer.run_log import announce
+from rmkit.trainer.run import RunResult, start_run
 from rmkit.trainer.sharding import shard_policy
-from rmkit.trainer.state import TrainState, total_steps
+from rmkit.trainer.state import total_steps
 
 CURVES = {"reward": ["train/reward", "validation/reward_mean"], "KL to the reference": ["train/kl_penalty"],
           "generated tokens": ["train/mean_gen_tokens_per_sample", "validation/mean_gen_tokens_per_sample"]}
@@ -89,66 +86,43 @@ def train(cfg: GRPOConfig) -> RunResult:
     train_prompts, val_prompts, sampler, generator = rollout_sources(cfg, cfg.grpo, tokenizer, run.out_dir)
     params = cfg.policy.generation
 
-    # --- optimizer, schedule, loss, state; resume (the sampling generator too, so rollouts repeat exactly)
+    # --- optimizer, schedule, the KL coefficient and the hacking watch
     rollout_size = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
     updates_per_step = rollout_size // cfg.policy.train_global_batch_size
     steps = total_steps(cfg.grpo, len(sampler))
-    optimizer = build_optimizer(model, cfg.policy.optimizer)
-    scheduler = build_scheduler(optimizer, cfg.policy.scheduler, steps * updates_per_step)
-    state = TrainState(model, optimizer, scheduler, sampler)
+    state = start_state(model, cfg.policy, sampler, steps * updates_per_step)
     kl = KLCoefficient(cfg.loss_fn.reference_policy_kl_penalty, cfg.grpo.kl_target, cfg.grpo.kl_horizon)
     watch = HackingWatch.of(cfg.grpo)
-    saved, logger = resume(run, state, steps)
-    if run.resume_from:
-        restore_rl_loop_state(saved, generator, kl, watch)
-    announce(f"GRPO on {cfg.policy.model_name}", model, f"{steps} step{'' if steps == 1 else 's'} of {cfg.grpo.num_prompts_per_step} prompts x "
-             f"{cfg.grpo.num_generations_per_prompt}", device, cfg.policy.precision)
-    val_metrics = saved.get("val_metrics", {})
-    if cfg.grpo.val_at_start and not run.resume_from:
-        val_metrics = run_validation(cfg.grpo, model, tokenizer, env, val_prompts, params, logger, run.log_dir, 0,
-                                     watch)
 
-    # --- the loop
-    if run.resume_from:
-        restore_rng(saved)
-    bar = ProgressBar(steps, cfg.logger.progress_bar and dist.is_main(), initial=state.step)
-    when = Cadence.of(cfg, cfg.grpo, steps)
-    for indices in run_batches(state, steps, cfg.grpo.max_num_epochs):
+    def step(indices: list[int]) -> StepReport:
         step_start = time.perf_counter()
         prompts = [train_prompts[i] for i in indices]
         loss_fn = ClippedPGLossFn(replace(cfg.loss_fn, reference_policy_kl_penalty=kl.value))
         metrics = grpo_step(cfg, state, trained, tokenizer, env, reference, loss_fn, prompts, params, generator)
-        state.step += 1
         metrics["timing/train/total_step_time"] = time.perf_counter() - step_start
         metrics["train/kl_coefficient"] = kl.value
         kl.update(metrics["train/kl_penalty"], rollout_size)
-        warn(watch.after_step(state.step, metrics["train/kl_penalty"]), logger, state.step)
-        bar.advance(reward=metrics["train/reward"], kl=metrics["train/kl_penalty"],
-                    gen_tokens=metrics["train/mean_gen_tokens_per_sample"])
-        if when.log(state.step):
-            logger.log(metrics, state.step)
-        if when.validate(state.step):
-            val_metrics = run_validation(cfg.grpo, model, tokenizer, env, val_prompts, params, logger, run.log_dir,
-                                         state.step, watch)
-        if when.save(state.step):
-            save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics,
-                                                               **rl_loop_state(generator, kl, watch)}, tokenizer)
-    bar.close()
-    if cfg.grpo.val_at_end or not val_metrics:
-        val_metrics = run_validation(cfg.grpo, model, tokenizer, env, val_prompts, params, logger, run.log_dir,
-                                     state.step, watch)
-    env.shutdown()
+        warn(watch.after_step(state.step + 1, metrics["train/kl_penalty"]), run.logger, state.step + 1)
+        return StepReport(metrics, shown={"reward": metrics["train/reward"], "kl": metrics["train/kl_penalty"],
+                                          "gen_tokens": metrics["train/mean_gen_tokens_per_sample"]})
 
-    # --- the last checkpoint (with every rank's sampling generator, the KL coefficient), the export (rank 0), plots
-    final_dir = finish_run(run, state, logger, val_metrics, tokenizer,
-                           export=lambda whole, folder: export_policy(whole, tokenizer, folder, cfg),
-                           load_unsharded=lambda: load_training_policy(cfg.policy, torch.device("cpu"))[0],
-                           extra=rl_loop_state(generator, kl, watch))
-    plots = []
-    if cfg.logger.plots and dist.is_main():
-        plots = [p for p in [plot_curves(logger.history, run.log_dir / "grpo_curves.png", CURVES)] if p]
-    dist.destroy()
-    return RunResult(final_dir, run.log_dir, state.step, val_metrics, {}, plots)
+    def validate(at: int) -> dict[str, float]:
+        return run_validation(cfg.grpo, model, tokenizer, env, val_prompts, params, run.logger, run.log_dir, at, watch)
+
+    # --- the loop, the last checkpoint (with every rank's sampling generator, the KL coefficient), the export
+    # (rank 0), plots
+    try:
+        return fit(run, state, steps, cfg.grpo, RecipeParts(
+            action=f"GRPO on {cfg.policy.model_name}", length=f"{steps} step{'' if steps == 1 else 's'} of "
+            f"{cfg.grpo.num_prompts_per_step} prompts x {cfg.grpo.num_generations_per_prompt}",
+            step=step, validate=validate if any(val_prompts.values()) else None, tokenizer=tokenizer,
+            export=lambda whole, folder: export_policy(whole, tokenizer, folder, cfg),
+            load_unsharded=lambda: load_training_policy(cfg.policy, torch.device("cpu"))[0],
+            plots=lambda history, log_dir: [plot_curves(history, log_dir / "grpo_curves.png", CURVES)],
+            loop_state=lambda: rl_loop_state(generator, kl, watch),
+            restore=lambda saved: restore_rl_loop_state(saved, generator, kl, watch)))
+    finally:
+        env.shutdown()
 
 
 def grpo_step(cfg, state, trained, tokenizer, env, reference, loss_fn, prompts, params, generator) -> dict[str, float]:

@@ -60,11 +60,17 @@ from rmkit.models.setup import autocast, prepare_model, resolve_model_name
 from rmkit.recipes.configs import PPOConfig
 from rmkit.trainer.accumulate import accumulate
 from rmkit.trainer.export import export_policy, save_hf_model
-from rmkit.trainer.optim import clip_gradients, joint_optimizer, lr_factor, step_optimizer
+from rmkit.trainer.loop import RecipeParts, StepReport, check_finite, fit
+from rmkit.trainer.optim import (
+    clip_gradients,
+    joint_optimizer,
+    learning_rate,
+    lr_factor,
+    schedule_by_model,
+    step_optimizer,
+)
 from rmkit.trainer.plots import plot_curves
 from rmkit.trainer.policy_update import clipped_fraction, mean_over_updates
-from rmkit.trainer.progress import ProgressBar
-from rmkit.trainer.resume import restore_rng, save_training_checkpoint
 from rmkit.trainer.rl_guards import HackingWatch, KLCoefficient
 from rmkit.trainer.rl_validation import run_validation, warn
 from rmkit.trainer.rollout import (
@@ -86,8 +92,7 @@ from rmkit.trainer.rollout import (
     slice_rows,
     training_batch,
 )
-from rmkit.trainer.run import Cadence, RunResult, check_finite, finish_run, resume, run_batches, start_run
-from rmkit.trainer.run_log import announce
+from rmkit.trainer.run import RunResult, start_run
 from rmkit.trainer.sharding import shard_policy, shard_reward_model
 from rmkit.trainer.state import TrainState, total_steps
 
@@ -126,7 +131,7 @@ def train(cfg: PPOConfig) -> RunResult:
     updates_per_step = cfg.ppo.ppo_epochs * rollout_size // cfg.policy.train_global_batch_size
     steps = total_steps(cfg.ppo, len(sampler))
     both = ActorCritic(policy, critic)
-    optimizer = joint_optimizer([(policy, cfg.policy.optimizer), (critic, critic_cfg.optimizer)])
+    optimizer = joint_optimizer({"policy": (policy, cfg.policy.optimizer), "critic": (critic, critic_cfg.optimizer)})
     warmup = cfg.ppo.policy_training_start_step * updates_per_step
     total = steps * updates_per_step
 
@@ -136,34 +141,21 @@ def train(cfg: PPOConfig) -> RunResult:
     def critic_factor(update: int) -> float:
         return lr_factor(update, critic_cfg.scheduler, total)
 
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, [policy_factor] * 2 + [critic_factor] * 2)
+    scheduler = schedule_by_model(optimizer, {"policy": policy_factor, "critic": critic_factor})
     state = TrainState(both, optimizer, scheduler, sampler)
     kl = KLCoefficient(cfg.loss_fn.reference_policy_kl_penalty, cfg.ppo.kl_target, cfg.ppo.kl_horizon)
     watch = HackingWatch.of(cfg.ppo)
-    saved, logger = resume(run, state, steps)
+    models = Models(policy, trained_policy, critic, trained_values, reference)
+    value_loss_fn = MseValueLossFn(cfg.value_loss_fn)
 
     def loop_state() -> dict:  # what checkpoints keep besides the weights: the RL loop's and the critic's offset
         return {"value_offset": value_offset(critic), **rl_loop_state(generator, kl, watch)}
 
-    if run.resume_from:
+    def restore(saved: dict) -> None:
         restore_rl_loop_state(saved, generator, kl, watch)
         set_value_offset(critic, saved.get("value_offset", value_offset(critic)))
-    announce(f"PPO on {cfg.policy.model_name} with a critic", both, f"{steps} step{'' if steps == 1 else 's'} of "
-             f"{cfg.ppo.num_prompts_per_step} prompts x {cfg.ppo.num_generations_per_prompt}, "
-             f"{cfg.ppo.ppo_epochs} epochs each", device, cfg.policy.precision)
-    val_metrics = saved.get("val_metrics", {})
-    if cfg.ppo.val_at_start and not run.resume_from:
-        val_metrics = run_validation(cfg.ppo, policy, tokenizer, env, val_prompts, params, logger, run.log_dir, 0,
-                                     watch)
 
-    # --- the loop
-    if run.resume_from:
-        restore_rng(saved)
-    bar = ProgressBar(steps, cfg.logger.progress_bar and dist.is_main(), initial=state.step)
-    when = Cadence.of(cfg, cfg.ppo, steps)
-    models = Models(policy, trained_policy, critic, trained_values, reference)
-    value_loss_fn = MseValueLossFn(cfg.value_loss_fn)
-    for indices in run_batches(state, steps, cfg.ppo.max_num_epochs):
+    def step(indices: list[int]) -> StepReport:
         step_start = time.perf_counter()
         prompts = [train_prompts[i] for i in indices]
         if state.step == cfg.ppo.policy_training_start_step > 0 and dist.is_main():
@@ -171,39 +163,33 @@ def train(cfg: PPOConfig) -> RunResult:
         loss_fn = ClippedPGLossFn(replace(cfg.loss_fn, reference_policy_kl_penalty=kl.value))
         metrics = ppo_step(cfg, critic_cfg, state, models, tokenizer, env, loss_fn, value_loss_fn, prompts, params,
                            generator)
-        state.step += 1
         metrics["timing/train/total_step_time"] = time.perf_counter() - step_start
         metrics["train/kl_coefficient"] = kl.value
-        if state.step > cfg.ppo.policy_training_start_step:  # in critic warmup the policy is the reference
+        if state.step + 1 > cfg.ppo.policy_training_start_step:  # in critic warmup the policy is the reference
             kl.update(metrics["train/kl_penalty"], rollout_size)
-        bar.advance(reward=metrics["train/reward"], kl=metrics["train/kl_penalty"],
-                    gen_tokens=metrics["train/mean_gen_tokens_per_sample"], vloss=metrics["train/critic/loss"])
-        if when.log(state.step):
-            logger.log(metrics, state.step)
-        warn(watch.after_step(state.step, metrics["train/kl_penalty"]), logger, state.step)
-        if when.validate(state.step):
-            val_metrics = run_validation(cfg.ppo, policy, tokenizer, env, val_prompts, params, logger, run.log_dir,
-                                         state.step, watch)
-        if when.save(state.step):
-            save_training_checkpoint(cfg, state, val_metrics, {"val_metrics": val_metrics, **loop_state()}, tokenizer)
-    bar.close()
-    if cfg.ppo.val_at_end or not val_metrics:
-        val_metrics = run_validation(cfg.ppo, policy, tokenizer, env, val_prompts, params, logger, run.log_dir,
-                                     state.step, watch)
-    env.shutdown()
+        warn(watch.after_step(state.step + 1, metrics["train/kl_penalty"]), run.logger, state.step + 1)
+        return StepReport(metrics, shown={"reward": metrics["train/reward"], "kl": metrics["train/kl_penalty"],
+                                          "gen_tokens": metrics["train/mean_gen_tokens_per_sample"],
+                                          "vloss": metrics["train/critic/loss"]})
 
-    # --- the last checkpoint, the export of both models (rank 0: policy in final/, critic in final/critic/), plots
-    final_dir = finish_run(run, state, logger, val_metrics, tokenizer,
-                           export=lambda whole, folder: export_both(whole, tokenizer, critic_tokenizer, folder, cfg,
-                                                                    value_offset(critic)),
-                           load_unsharded=lambda: ActorCritic(load_training_policy(cfg.policy, torch.device("cpu"))[0],
-                                                              build_critic(cfg, tokenizer, torch.device("cpu"), False)[1]),
-                           extra=loop_state())
-    plots = []
-    if cfg.logger.plots and dist.is_main():
-        plots = [p for p in [plot_curves(logger.history, run.log_dir / "ppo_curves.png", CURVES)] if p]
-    dist.destroy()
-    return RunResult(final_dir, run.log_dir, state.step, val_metrics, {}, plots)
+    def validate(at: int) -> dict[str, float]:
+        return run_validation(cfg.ppo, policy, tokenizer, env, val_prompts, params, run.logger, run.log_dir, at, watch)
+
+    # --- the loop, the last checkpoint, the export of both models (rank 0: policy in final/, critic in
+    # final/critic/), plots
+    try:
+        return fit(run, state, steps, cfg.ppo, RecipeParts(
+            action=f"PPO on {cfg.policy.model_name} with a critic", length=f"{steps} step{'' if steps == 1 else 's'} "
+            f"of {cfg.ppo.num_prompts_per_step} prompts x {cfg.ppo.num_generations_per_prompt}, {cfg.ppo.ppo_epochs} "
+            "epochs each", step=step, validate=validate if any(val_prompts.values()) else None, tokenizer=tokenizer,
+            export=lambda whole, folder: export_both(whole, tokenizer, critic_tokenizer, folder, cfg,
+                                                     value_offset(critic)),
+            load_unsharded=lambda: ActorCritic(load_training_policy(cfg.policy, torch.device("cpu"))[0],
+                                               build_critic(cfg, tokenizer, torch.device("cpu"), False)[1]),
+            plots=lambda history, log_dir: [plot_curves(history, log_dir / "ppo_curves.png", CURVES)],
+            loop_state=loop_state, restore=restore))
+    finally:
+        env.shutdown()
 
 
 def critic_source(cfg: PPOConfig, policy_tokenizer) -> tuple[str, str]:
@@ -430,10 +416,10 @@ def update_actor_critic(cfg, critic_cfg, state, models: Models, batch, loss_fn, 
                                                            policy_micro_loss))
                 check_finite(global_loss(policy_metrics, device), state, "Lower policy.optimizer.lr (now "
                              f"{policy_cfg.optimizer.lr}), set policy.max_grad_norm, or check the rewards.")
-                policy_metrics["lr"] = state.scheduler.get_last_lr()[0]
+                policy_metrics["lr"] = learning_rate(state.optimizer, "policy")
                 policy_metrics["grad_norm"] = clip_gradients(models.policy, policy_cfg.max_grad_norm)
                 policy_steps.append(policy_metrics)
-            critic_metrics["lr"] = state.scheduler.get_last_lr()[2]
+            critic_metrics["lr"] = learning_rate(state.optimizer, "critic")
             critic_metrics["grad_norm"] = clip_gradients(models.critic, critic_cfg.max_grad_norm)
             critic_steps.append(critic_metrics)
             step_optimizer(state.optimizer, state.scheduler)

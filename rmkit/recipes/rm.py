@@ -10,9 +10,8 @@ split into micro-batches whose losses are divided by the global batch's counts (
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
@@ -35,15 +34,13 @@ from rmkit.models.reward_forward import (
 from rmkit.models.setup import RewardForward, autocast, prepare_model, resolve_model_name
 from rmkit.trainer.accumulate import accumulate, global_metrics, plan_micro_batches
 from rmkit.trainer.export import export_model, reward_stats
-from rmkit.trainer.optim import build_optimizer, build_scheduler
+from rmkit.trainer.loop import RecipeParts, StepReport, fit, start_state, update
 from rmkit.trainer.plots import plot_reward_histograms, plot_training_curves
-from rmkit.trainer.progress import ProgressBar, StepWindow
-from rmkit.trainer.resume import restore_rng, save_training_checkpoint
-from rmkit.trainer.run import Cadence, RunResult, apply_update, finish_run, resume, run_batches, start_run
+from rmkit.trainer.run import RunResult, start_run
 from rmkit.trainer.run_data import item_tokens, load_run_data, make_sampler
-from rmkit.trainer.run_log import RunLogger, announce, report_validation, summary
+from rmkit.trainer.run_log import RunLogger
 from rmkit.trainer.sharding import shard_reward_model
-from rmkit.trainer.state import TrainState, total_steps
+from rmkit.trainer.state import total_steps
 from rmkit.validation import validate, validate_regression
 from rmkit.wrappers import transformers_model
 
@@ -161,68 +158,35 @@ def train(cfg: Config) -> RunResult:
     data = load_run_data(cfg, tokenizer, run.out_dir)
     sampler = make_sampler(cfg, data.lengths, cfg.rm.seed)
 
-    # --- optimizer, schedule, state; resume (the logs rewound to match)
-    optimizer = build_optimizer(model, cfg.policy.optimizer)
+    # --- optimizer, schedule, state
     steps = total_steps(cfg.rm, len(sampler))
-    scheduler = build_scheduler(optimizer, cfg.policy.scheduler, steps)
-    state = TrainState(model, optimizer, scheduler, sampler)
+    state = start_state(model, cfg.policy, sampler, steps)
     step_fn = STEPS[cfg.policy.reward_model_cfg.reward_model_type]
-    saved, logger = resume(run, state, steps)
-    announce(f"training {cfg.policy.model_name}", model, f"{steps} steps of {cfg.policy.train_global_batch_size}",
-             device, cfg.policy.precision)
-    val_metrics, val_rewards = saved.get("val_metrics", {}), {}
-    if cfg.rm.val_at_start and data.val and not run.resume_from:
-        val_metrics, val_rewards = run_validation(cfg, scorer, data, logger, state.step)
-        report_validation(state.step, val_metrics, SHOWN)
+    val_rewards: dict = {}  # the last validation's rewards: reward_stats.json and the histograms
 
-    # --- the loop
-    if run.resume_from:
-        restore_rng(saved)  # last thing before the first step: nothing at setup shifts the random streams
-    bar = ProgressBar(steps, cfg.logger.progress_bar and dist.is_main(), initial=state.step)
-    total, window = StepWindow(), StepWindow()
-    window.__dict__.update(saved.get("log_window", {}))  # a resumed window logs the same means
-    when = Cadence.of(cfg, cfg.rm, steps)
-    for indices in run_batches(state, steps, cfg.rm.max_num_epochs):
-        t0 = time.perf_counter()
+    def step(indices: list[int]) -> StepReport:
         batch = [data.train[i] for i in indices]
         metrics = step_fn(forward, batch, cfg.policy.train_micro_batch_size, tokenizer.pad_token_id,
                           cfg.policy.precision, device)
-        # The one host-device sync per step: the loss must be finite before the update is applied.
-        loss, acc = torch.stack([metrics["loss"], metrics.get("acc", torch.full_like(metrics["loss"], math.nan))]).tolist()
-        lr, grad_norm = apply_update(state, loss, cfg.policy.max_grad_norm,
-                                     f"Lower policy.optimizer.lr (now {cfg.policy.optimizer.lr}), set "
-                                     "policy.max_grad_norm, or check the data near this batch.")
-        state.step += 1
-        dt = time.perf_counter() - t0
-        tokens = sum(item_tokens(item) for item in batch)
-        for w in (total, window):
-            w.add(dt, len(batch), tokens, loss, acc)
-        bar.update(loss, acc, *window.rates())
-        if when.log(state.step):
-            logger.log({**window.metrics(), "train/grad_norm": float(grad_norm), "train/lr": lr}, state.step)
-            window = StepWindow()
-        if data.val and when.validate(state.step):
-            val_metrics, val_rewards = run_validation(cfg, scorer, data, logger, state.step)
-            bar.write(f"rmkit: step {state.step}: {summary(val_metrics, SHOWN)}")
-        if when.save(state.step):
-            extra = {"val_metrics": val_metrics, "log_window": dict(vars(window))}
-            save_training_checkpoint(cfg, state, val_metrics, extra, tokenizer)
-    bar.close()
-    if data.val and (cfg.rm.val_at_end or not val_rewards):
-        val_metrics, val_rewards = run_validation(cfg, scorer, data, logger, state.step)
-        report_validation(state.step, val_metrics, SHOWN)
+        logged = update(state, metrics, cfg.policy.max_grad_norm, f"Lower policy.optimizer.lr (now "
+                        f"{cfg.policy.optimizer.lr}), set policy.max_grad_norm, or check the data near this batch.")
+        shown = {k: logged[f"train/{k}"] for k in ("loss", "acc") if f"train/{k}" in logged}
+        return StepReport(logged, len(batch), sum(item_tokens(item) for item in batch), shown)
 
-    # --- the last checkpoint, the export (rank 0) and plots
-    final_dir = finish_run(
-        run, state, logger, val_metrics, tokenizer,
+    def validate(at: int) -> dict[str, float]:
+        metrics, rewards = run_validation(cfg, scorer, data, run.logger, at)
+        val_rewards.clear()
+        val_rewards.update(rewards)
+        return metrics
+
+    def plots(history: list[dict], log_dir: Path) -> list:
+        return [plot_training_curves(history, log_dir / "training_curves.png"),
+                plot_reward_histograms(val_rewards, log_dir / "reward_histograms.png")]
+
+    # --- the loop, the last checkpoint, the export (rank 0) and plots
+    return fit(run, state, steps, cfg.rm, RecipeParts(
+        action=f"training {cfg.policy.model_name}", length=f"{steps} steps of {cfg.policy.train_global_batch_size}",
+        step=step, validate=validate if data.val else None, shown=SHOWN, tokenizer=tokenizer,
         export=lambda whole, folder: export_model(whole, tokenizer, folder, cfg, reward_stats(val_rewards),
                                                   scorer.contract),
-        load_unsharded=lambda: load_model(cfg, torch.device("cpu"))[0])
-    plots = []
-    if cfg.logger.plots and dist.is_main():
-        plots = [p for p in (plot_training_curves(logger.history, run.log_dir / "training_curves.png"),
-                             plot_reward_histograms(val_rewards, run.log_dir / "reward_histograms.png")) if p]
-    dist.destroy()
-    pairs_per_s, tokens_per_s = total.rates()
-    return RunResult(final_dir, run.log_dir, state.step, val_metrics, {"pairs/s": pairs_per_s, "tokens/s": tokens_per_s},
-                     plots)
+        load_unsharded=lambda: load_model(cfg, torch.device("cpu"))[0], plots=plots))

@@ -31,15 +31,13 @@ from rmkit.models.setup import autocast
 from rmkit.recipes.configs import SFTTree
 from rmkit.trainer.accumulate import accumulate, global_metrics, plan_micro_batches
 from rmkit.trainer.export import export_policy
-from rmkit.trainer.optim import build_optimizer, build_scheduler
+from rmkit.trainer.loop import RecipeParts, StepReport, fit, start_state, update
 from rmkit.trainer.plots import plot_training_curves
-from rmkit.trainer.progress import ProgressBar, StepWindow
-from rmkit.trainer.resume import restore_rng, save_training_checkpoint
-from rmkit.trainer.run import Cadence, RunResult, apply_update, finish_run, resume, run_batches, start_run
+from rmkit.trainer.run import RunResult, start_run
 from rmkit.trainer.run_data import DataSet, make_sampler, report_data, resolve_data_path
-from rmkit.trainer.run_log import announce, append_samples, report_validation, summary
+from rmkit.trainer.run_log import append_samples
 from rmkit.trainer.sharding import shard_policy
-from rmkit.trainer.state import TrainState, total_steps
+from rmkit.trainer.state import total_steps
 
 SHOWN = ("/loss", "/token_acc")  # the headline validation metrics printed during a run
 
@@ -196,71 +194,27 @@ def train(cfg: SFTTree) -> RunResult:
            for name in cfg.data.val_data_paths}
     sampler = make_sampler(cfg, [d.length for d in train_items], cfg.sft.seed)
 
-    # --- optimizer, schedule, state; resume (the logs rewound to match)
-    optimizer = build_optimizer(model, cfg.policy.optimizer)
+    # --- optimizer, schedule, state
     steps = total_steps(cfg.sft, len(sampler))
-    scheduler = build_scheduler(optimizer, cfg.policy.scheduler, steps)
-    state = TrainState(model, optimizer, scheduler, sampler)
-    saved, logger = resume(run, state, steps)
-    announce(f"fine-tuning {cfg.policy.model_name}", model,
-             f"{steps} steps of {cfg.policy.train_global_batch_size} sequences", device, cfg.policy.precision)
-    val_metrics = saved.get("val_metrics", {})
-    if cfg.sft.val_at_start and val and not run.resume_from:
-        val_metrics = run_validation(cfg, model, tokenizer, val, logger, state.step, run.log_dir)
-        report_validation(state.step, val_metrics, SHOWN)
+    state = start_state(model, cfg.policy, sampler, steps)
 
-    # --- the loop
-    if run.resume_from:
-        restore_rng(saved)  # last thing before the first step: nothing at setup shifts the random streams
-    bar = ProgressBar(steps, cfg.logger.progress_bar and dist.is_main(), initial=state.step, items="seqs")
-    total, window = StepWindow(), StepWindow()
-    window.__dict__.update(saved.get("log_window", {}))  # a resumed window logs the same means
-    when = Cadence.of(cfg, cfg.sft, steps)
-    for indices in run_batches(state, steps, cfg.sft.max_num_epochs):
-        t0 = time.perf_counter()
+    def step(indices: list[int]) -> StepReport:
         batch = [train_items[i] for i in indices]
         metrics = sft_step(forward, batch, cfg.policy.train_micro_batch_size, tokenizer.pad_token_id,
                            cfg.policy.precision, device, cfg.sft.sequence_packing)
-        # The one host-device sync per step: the loss must be finite before the update is applied.
-        loss, acc = torch.stack([metrics["loss"], metrics["token_acc"]]).tolist()
-        lr, grad_norm = apply_update(state, loss, cfg.policy.max_grad_norm,
-                                     f"Lower policy.optimizer.lr (now {cfg.policy.optimizer.lr}), set "
-                                     "policy.max_grad_norm, or check the data near this batch.")
-        state.step += 1
-        dt = time.perf_counter() - t0
+        logged = update(state, metrics, cfg.policy.max_grad_norm, f"Lower policy.optimizer.lr (now "
+                        f"{cfg.policy.optimizer.lr}), set policy.max_grad_norm, or check the data near this batch.")
         tokens = dist.all_reduce_sum(torch.tensor(float(sum(d.length for d in batch)))).item()
-        for w in (total, window):
-            w.add(dt, len(batch) * dist.world_size(), int(tokens), loss, acc)
-        bar.update(loss, acc, *window.rates())
-        if when.log(state.step):
-            logger.log({**_train_metrics(window), "train/grad_norm": float(grad_norm), "train/lr": lr}, state.step)
-            window = StepWindow()
-        if val and when.validate(state.step):
-            val_metrics = run_validation(cfg, model, tokenizer, val, logger, state.step, run.log_dir)
-            bar.write(f"rmkit: step {state.step}: {summary(val_metrics, SHOWN)}")
-        if when.save(state.step):
-            extra = {"val_metrics": val_metrics, "log_window": dict(vars(window))}
-            save_training_checkpoint(cfg, state, val_metrics, extra, tokenizer)
-    bar.close()
-    if val and (cfg.sft.val_at_end or not val_metrics):
-        val_metrics = run_validation(cfg, model, tokenizer, val, logger, state.step, run.log_dir)
-        report_validation(state.step, val_metrics, SHOWN)
+        shown = {"loss": logged["train/loss"], "acc": logged["train/token_acc"]}
+        return StepReport(logged, len(batch) * dist.world_size(), int(tokens), shown)
 
-    # --- the last checkpoint, the export (rank 0) and plots
-    final_dir = finish_run(run, state, logger, val_metrics, tokenizer,
-                           export=lambda whole, folder: export_policy(whole, tokenizer, folder, cfg),
-                           load_unsharded=lambda: load_training_policy(cfg.policy, torch.device("cpu"))[0])
-    plots = []
-    if cfg.logger.plots and dist.is_main():
-        plots = [p for p in [plot_training_curves(logger.history, run.log_dir / "training_curves.png",
-                                                  ("loss", "token_acc"))] if p]
-    dist.destroy()
-    sequences_per_s, tokens_per_s = total.rates()
-    return RunResult(final_dir, run.log_dir, state.step, val_metrics,
-                     {"sequences/s": sequences_per_s, "tokens/s": tokens_per_s}, plots)
-
-
-def _train_metrics(window: StepWindow) -> dict[str, float]:
-    """The window's means under SFT's names: token accuracy, sequences/s."""
-    names = {"train/acc": "train/token_acc", "train/pairs_per_s": "train/sequences_per_s"}
-    return {names.get(k, k): v for k, v in window.metrics().items()}
+    # --- the loop, the last checkpoint, the export (rank 0) and plots
+    return fit(run, state, steps, cfg.sft, RecipeParts(
+        action=f"fine-tuning {cfg.policy.model_name}",
+        length=f"{steps} steps of {cfg.policy.train_global_batch_size} sequences", step=step,
+        validate=(lambda at: run_validation(cfg, model, tokenizer, val, run.logger, at, run.log_dir)) if val else None,
+        shown=SHOWN, tokenizer=tokenizer, items="sequences",
+        export=lambda whole, folder: export_policy(whole, tokenizer, folder, cfg),
+        load_unsharded=lambda: load_training_policy(cfg.policy, torch.device("cpu"))[0],
+        plots=lambda history, log_dir: [plot_training_curves(history, log_dir / "training_curves.png",
+                                                             ("loss", "token_acc"))]))

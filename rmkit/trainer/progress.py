@@ -10,20 +10,14 @@ from rmkit import distributed as dist
 
 
 class ProgressBar:
-    """A tqdm bar over optimizer steps showing loss, accuracy, pairs/s and tokens/s (disabled: silent)."""
+    """A tqdm bar over optimizer steps showing the recipe's numbers (disabled: silent)."""
 
-    def __init__(self, total: int, enabled: bool, initial: int = 0, items: str = "pairs"):
-        self.items = items  # what the per-second rate counts (SFT: "seqs")
+    def __init__(self, total: int, enabled: bool, initial: int = 0):
         self._bar = tqdm(total=total, initial=initial, disable=not enabled, desc="train", unit="step",
                          dynamic_ncols=True, file=sys.stderr)
 
-    def update(self, loss: float, acc: float, pairs_per_s: float, tokens_per_s: float) -> None:
-        self._bar.set_postfix(loss=f"{loss:.4f}", acc=f"{acc:.3f}", **{f"{self.items}_s": f"{pairs_per_s:.1f}"},
-                              tok_s=f"{tokens_per_s:.0f}", refresh=False)
-        self._bar.update(1)
-
     def advance(self, **postfix: float) -> None:
-        """One step done, showing `postfix` (a recipe's own numbers, e.g. GRPO's reward and KL)."""
+        """One step done, showing `postfix` (a recipe's own numbers: loss and accuracy, GRPO's reward and KL)."""
         self._bar.set_postfix({k: f"{v:.4g}" for k, v in postfix.items()}, refresh=False)
         self._bar.update(1)
 
@@ -37,24 +31,40 @@ class ProgressBar:
 
 
 class StepWindow:
-    """Training numbers since the last logged step: mean loss and accuracy per step, pairs/s and
-    real tokens/s over the steps' own time (validation and checkpoints excluded)."""
+    """Training numbers over a run of steps (since the last logged line, or the whole run): each metric's
+    mean over the steps that reported it, items/s and real tokens/s over the steps' own time (validation and
+    checkpoints excluded). Metrics may be 0-dim tensors: they are summed where they are and read on the host
+    by `means`."""
 
     def __init__(self):
-        self.steps, self.time, self.pairs, self.tokens, self.loss, self.acc = 0, 0.0, 0, 0, 0.0, 0.0
+        self.steps, self.time, self.items, self.tokens = 0, 0.0, 0, 0
+        self.sums: dict = {}
+        self.counts: dict[str, int] = {}
 
-    def add(self, seconds: float, pairs: int, tokens: int, loss: float, acc: float) -> None:
+    @classmethod
+    def restored(cls, saved: dict | None) -> StepWindow:
+        """A window from `state()` as a checkpoint kept it (None: an empty one)."""
+        window = cls()
+        for key, value in (saved or {}).items():
+            if key in vars(window):
+                setattr(window, key, value)
+        return window
+
+    def state(self) -> dict:
+        return {"steps": self.steps, "time": self.time, "items": self.items, "tokens": self.tokens,
+                "sums": {key: float(value) for key, value in self.sums.items()}, "counts": dict(self.counts)}
+
+    def add(self, seconds: float, items: int, tokens: int, metrics: dict) -> None:
         self.steps += 1
-        self.time, self.pairs, self.tokens = self.time + seconds, self.pairs + pairs, self.tokens + tokens
-        self.loss, self.acc = self.loss + loss, self.acc + acc
+        self.time, self.items, self.tokens = self.time + seconds, self.items + items, self.tokens + tokens
+        for key, value in metrics.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value
+            self.counts[key] = self.counts.get(key, 0) + 1
 
     def rates(self) -> tuple[float, float]:
-        """`(pairs/s, tokens/s)`."""
+        """`(items/s, tokens/s)`."""
         seconds = max(self.time, 1e-9)
-        return self.pairs / seconds, self.tokens / seconds
+        return self.items / seconds, self.tokens / seconds
 
-    def metrics(self) -> dict[str, float]:
-        pairs_per_s, tokens_per_s = self.rates()
-        steps = max(self.steps, 1)
-        return {"train/loss": self.loss / steps, "train/acc": self.acc / steps,
-                "train/pairs_per_s": pairs_per_s, "train/tokens_per_s": tokens_per_s}
+    def means(self) -> dict[str, float]:
+        return {key: float(value) / self.counts[key] for key, value in self.sums.items()}

@@ -1,26 +1,19 @@
-"""Run bookkeeping as plain functions, in the order every recipe calls them:
+"""A run's beginning and end, around the loop (`rmkit.trainer.loop.fit`):
 
     run = start_run(cfg, cfg.dpo)                 threads, seed, torchrun, folders, the saved config
-    ...the recipe builds its model, data, optimizer and `TrainState`...
-    saved, logger = resume(run, state, steps)     weights, optimizer, schedule, sampler, step; the logs
-                                                  (metrics.jsonl, samples.jsonl) rewound to match
-    when = Cadence.of(cfg, cfg.dpo, steps)
-    for indices in run_batches(state, steps, cfg.dpo.max_num_epochs):
-        ...forward and backward (rmkit.trainer.accumulate)...
-        lr, grad_norm = apply_update(state, loss, ...)   the finite check, then the optimizer step
-        ...`state.step += 1`, then log / validate / save as `when` says...
+    ...the recipe builds its model, data and `TrainState`...
+    saved = resume(run, state, steps)             weights, optimizer, schedule, sampler, step; `run.logger`
+                                                  opened, its logs (metrics.jsonl, samples.jsonl) rewound to match
+    ...the steps...
     final_dir = finish_run(run, state, ...)       last checkpoint, the model gathered and exported
-
-No base class and no hidden loop: a recipe file reads as the whole method, top to bottom.
 """
 
 from __future__ import annotations
 
-import math
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,9 +22,7 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.config import save_config
-from rmkit.errors import TrainingDiverged
 from rmkit.trainer.checkpoint import list_checkpoints
-from rmkit.trainer.optim import optimizer_step
 from rmkit.trainer.resume import resolve_resume, restore_training_state, save_training_checkpoint
 from rmkit.trainer.run_data import check_data_paths
 from rmkit.trainer.run_log import SAMPLES, open_logger
@@ -51,6 +42,7 @@ class Run:
     out_dir: Path
     log_dir: Path
     resume_from: Path | None
+    logger: Any = None  # opened by `resume`
 
     @property
     def device(self) -> torch.device:
@@ -113,77 +105,21 @@ def set_aside_earlier_run(out_dir: Path, log_dir: Path) -> Path | None:
     return aside
 
 
-def resume(run: Run, state: TrainState, steps: int):
+def resume(run: Run, state: TrainState, steps: int) -> dict:
     """Load the checkpoint the run continues into `state` (weights, optimizer, schedule, sampler position,
-    step, epoch) and open the run's logger, its logs cut back to that step (`open_logger`; a run resumed at
-    its last step validates again). Returns `(saved trainer state, logger)`, the state `{}` for a fresh run;
-    call `restore_rng(saved)` just before the first step."""
+    step, epoch) and open the run's logger as `run.logger`, its logs cut back to that step (`open_logger`; a run
+    resumed at its last step validates again). Returns the saved trainer state, `{}` for a fresh run; call
+    `restore_rng(saved)` just before the first step."""
     saved = restore_training_state(run.resume_from, state, run.device) if run.resume_from else {}
     if run.resume_from and dist.is_main():
         print(f"rmkit: resuming from {run.resume_from} (step {state.step}, epoch {state.epoch + 1})",
               file=sys.stderr)
     resumed_step = state.step if run.resume_from else None
-    return saved, open_logger(run.cfg, run.log_dir, resumed_step, state.step >= steps)
+    run.logger = open_logger(run.cfg, run.log_dir, resumed_step, state.step >= steps)
+    return saved
 
 
-@dataclass
-class Cadence:
-    """When a step logs, validates and saves: `log_period`, `val_period` and `checkpointing.save_period`
-    of the run's config; the last step always logs, and its validation and checkpoint happen at the end
-    (`finish_run`)."""
-
-    steps: int
-    log_period: int
-    val_period: int
-    save_period: int
-
-    @classmethod
-    def of(cls, cfg, loop, steps: int) -> Cadence:
-        ckpt = cfg.checkpointing
-        return cls(steps, loop.log_period, loop.val_period, ckpt.save_period if ckpt.enabled else 0)
-
-    def log(self, step: int) -> bool:
-        return step % self.log_period == 0 or step == self.steps
-
-    def validate(self, step: int) -> bool:
-        return bool(self.val_period) and step % self.val_period == 0 and step != self.steps
-
-    def save(self, step: int) -> bool:
-        return bool(self.save_period) and step % self.save_period == 0 and step != self.steps
-
-
-def run_batches(state: TrainState, steps: int, max_epochs: int) -> Iterator:
-    """The global batches (the sampler's index lists) from where `state` stands, epoch after epoch,
-    until `steps` optimizer steps; the caller advances `state.step` once per batch."""
-    while state.step < steps and state.epoch < max_epochs:
-        state.sampler.set_epoch(state.epoch)
-        for indices in state.sampler:
-            yield indices
-            if state.step >= steps:
-                break
-        state.epoch += 1
-
-
-def apply_update(state: TrainState, loss: float, max_grad_norm: float | None, hint: str) -> tuple[float, torch.Tensor]:
-    """The optimizer step of the gradients in `.grad`, once `loss` (the step's, read on the host) is known to be
-    finite (`check_finite`, with `hint` for the message): clipping to `max_grad_norm`, the step, the schedule.
-    Returns the learning rate the step used and the gradient norm before clipping."""
-    check_finite(loss, state, hint)
-    lr = state.scheduler.get_last_lr()[0]
-    return lr, optimizer_step(state.model, state.optimizer, state.scheduler, max_grad_norm)
-
-
-def check_finite(loss: float, state: TrainState, hint: str) -> None:
-    """Stop the run when the loss of the step about to be applied is NaN or infinite: its gradients are
-    dropped, the last checkpoint stays the last good state, and `TrainingDiverged` names the step."""
-    if math.isfinite(loss):
-        return
-    state.optimizer.zero_grad(set_to_none=True)
-    raise TrainingDiverged(f"the training loss became {loss} at step {state.step + 1} (epoch {state.epoch + 1}); "
-                           f"the update was not applied. {hint}")
-
-
-def finish_run(run: Run, state: TrainState, logger, val_metrics: dict, tokenizer,
+def finish_run(run: Run, state: TrainState, val_metrics: dict, tokenizer,
                export: Callable[[torch.nn.Module, Path], Any], load_unsharded: Callable[[], torch.nn.Module],
                extra: dict | None = None) -> Path:
     """After the last step (and its validation): the last checkpoint (with `extra` loop state), the log
@@ -192,7 +128,7 @@ def finish_run(run: Run, state: TrainState, logger, val_metrics: dict, tokenizer
     if run.cfg.checkpointing.enabled:
         save_training_checkpoint(run.cfg, state, val_metrics, {"val_metrics": val_metrics, **(extra or {})},
                                  tokenizer)
-    logger.close()
+    run.logger.close()
     final_dir = run.out_dir / "final"
     model = gather_full_model(state.model, load_unsharded)
     if dist.is_main():

@@ -118,9 +118,3 @@ def announce(action: str, model: torch.nn.Module, length: str, device: torch.dev
 def summary(metrics: dict[str, float], endings: tuple[str, ...]) -> str:
     """`name value, ...` of the metrics whose names end with one of `endings` (a recipe's headline metrics)."""
     return ", ".join(f"{k} {v:.4f}" for k, v in metrics.items() if k.endswith(endings))
-
-
-def report_validation(step: int, metrics: dict[str, float], endings: tuple[str, ...]) -> None:
-    """Print a validation's headline metrics (rank 0), as `rmkit: step N: ...`."""
-    if dist.is_main():
-        print(f"rmkit: step {step}: {summary(metrics, endings)}", file=sys.stderr)

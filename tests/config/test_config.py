@@ -136,3 +136,16 @@ def test_val_keys_give_a_validation_set_its_own_field_names():
         with pytest.raises(ConfigError) as err:
             load_config(None, [override])
         assert err.value.key == key, override
+
+
+@pytest.mark.parametrize("override, key", [
+    ("value.optimizer.lr=-1", "value.optimizer.lr"), ("value.scheduler.min_lr_ratio=2", "value.scheduler.min_lr_ratio"),
+    ("policy.optimizer.lr=-1", "policy.optimizer.lr"),
+])
+def test_a_shared_section_built_elsewhere_names_its_own_key_path(override, key):
+    """The critic's optimizer is an `OptimizerConfig` like the policy's; its errors say `value.`, not `policy.`."""
+    from rmkit.recipes.configs import PPOConfig
+
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override], tree_type=PPOConfig)
+    assert err.value.key == key

@@ -36,3 +36,22 @@ def test_start_factor_is_linear_to_the_peak():
 def test_start_factor_out_of_range_names_the_key():
     with pytest.raises(ConfigError, match="policy.scheduler.warmup_start_factor"):
         SchedulerConfig(warmup_start_factor=1.5)
+
+
+def test_parameter_groups_are_named_and_each_model_keeps_its_own_schedule():
+    """PPO's policy and critic sit in one AdamW; their groups are found by name, not by position."""
+    from rmkit.config import OptimizerConfig
+    from rmkit.trainer.optim import joint_optimizer, learning_rate, schedule_by_model
+
+    policy, critic = torch.nn.Linear(3, 2), torch.nn.Linear(2, 1)
+    optimizer = joint_optimizer({"policy": (policy, OptimizerConfig(lr=1e-3)), "critic": (critic, OptimizerConfig(lr=4e-3))})
+    assert [g["name"] for g in optimizer.param_groups] == ["policy", "policy_no_decay", "critic", "critic_no_decay"]
+    assert optimizer.param_groups[1]["params"] == [policy.bias] and optimizer.param_groups[1]["weight_decay"] == 0.0
+    scheduler = schedule_by_model(optimizer, {"policy": lambda step: 0.0 if step < 2 else 1.0, "critic": lambda step: 0.5})
+    assert (learning_rate(optimizer, "policy"), learning_rate(optimizer, "critic")) == (0.0, 2e-3)
+    for _ in range(2):
+        optimizer.step()
+        scheduler.step()
+    assert (learning_rate(optimizer, "policy"), learning_rate(optimizer, "critic")) == (1e-3, 2e-3)
+    with pytest.raises(KeyError, match="value"):
+        learning_rate(optimizer, "value")
