@@ -120,7 +120,7 @@ def trl_rows_as_rollout(step: dict, prompts: dict, trl_pad_id: int, tokenizer):
     `prompts`, ids -> `PromptItem`) and its completion through its EOS (`tokenizer`'s; every token when it has
     none: `truncated`), with the sampler's log-probs of those tokens and the text rmkit's sampler would give
     (decoded without special tokens)."""
-    from rmkit.trainer.rollout import Rollout
+    from rmkit.rl.rollout import Rollout
 
     rows, completions, text, logprobs, truncated = [], [], [], [], []
     for query, response, logprob, last in zip(step["queries"].tolist(), step["postprocessed_responses"].tolist(),
@@ -169,14 +169,10 @@ def replay(args: argparse.Namespace, data: dict, record_dir: Path) -> list[dict]
     from rmkit.models.policy import load_training_policy
     from rmkit.recipes import ppo
     from rmkit.recipes.configs import PPOConfig
+    from rmkit.rl.logprobs import batch_logprobs, reference_policy
+    from rmkit.rl.rollout import score_rollout, training_batch
+    from rmkit.trainer.datasets import PromptItem
     from rmkit.trainer.optim import joint_optimizer
-    from rmkit.trainer.rollout import (
-        PromptItem,
-        batch_logprobs,
-        reference_policy,
-        score_rollout,
-        training_batch,
-    )
     from rmkit.trainer.state import TrainState
 
     torch.set_num_threads(args.threads)

@@ -105,13 +105,14 @@ def commands(work: Path) -> dict[str, list[str]]:
                  "grpo.num_prompts_per_step=4", "grpo.num_generations_per_prompt=2", "grpo.val_period=2",
                  "grpo.max_val_samples=4", "policy.train_global_batch_size=4", "policy.train_micro_batch_size=2",
                  "policy.generation.max_new_tokens=6", "policy.max_total_sequence_length=128",
-                 "policy.optimizer.lr=1e-3", "data.train_data_path=default", "data.val_data_paths={val: default-val}",
-                 *small_ckpt],
+                 "policy.optimizer.lr=1e-3", "policy.scheduler.name=cosine", "data.train_data_path=default",
+                 "data.val_data_paths={val: default-val}", *small_ckpt],
         "ppo": ["ppo", f"policy.model_name={policy}", f"env.reward_model.model_name={rm}", "ppo.max_num_steps=3",
                 "ppo.num_prompts_per_step=4", "ppo.num_generations_per_prompt=2", "ppo.val_period=2", "ppo.ppo_epochs=2",
                 "ppo.max_val_samples=4", "ppo.kl_target=0.01", "policy.train_global_batch_size=4",
                 "policy.train_micro_batch_size=2", "value.train_micro_batch_size=1", "policy.generation.max_new_tokens=6",
-                "policy.max_total_sequence_length=128", "policy.optimizer.lr=1e-3", "value.optimizer.lr=1e-3",
+                "policy.max_total_sequence_length=128", "policy.optimizer.lr=1e-3", "policy.scheduler.name=cosine",
+                "value.optimizer.lr=1e-3",
                 "data.train_data_path=default", "data.val_data_paths={val: default-val}", *small_ckpt],
     }
 

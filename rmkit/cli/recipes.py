@@ -13,7 +13,9 @@ import importlib
 import sys
 from dataclasses import dataclass
 
-from rmkit.config import load_config
+import yaml
+
+from rmkit.config import config_to_dict, load_config
 
 _REWARD_MODEL_USE = """
 Use it:
@@ -105,6 +107,9 @@ def build_parser(name: str) -> argparse.ArgumentParser:
     parser.add_argument("--resume", action="store_true",
                         help="continue from the newest valid checkpoint in checkpointing.checkpoint_dir "
                              "(= checkpointing.resume=auto)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config as YAML (the defaults, --config and the overrides laid over "
+                             "them) and exit without training")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value", help="config overrides")
     return parser
 
@@ -115,6 +120,9 @@ def main(name: str, argv: list[str]) -> int:
     args = build_parser(name).parse_intermixed_args(argv)  # overrides before and after --resume
     cfg = load_config(args.config, args.overrides + (["checkpointing.resume=auto"] if args.resume else []),
                       tree_type=_load(recipe.tree))
+    if args.print_config:  # before torch loads: a quick look at what a run would use
+        print(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), end="")
+        return 0
     from rmkit.errors import RunStopped
 
     try:

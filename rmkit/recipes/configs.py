@@ -314,6 +314,15 @@ class RLPolicyConfig(PolicyConfig):
         _check(self.generation_batch_size >= 1, "policy.generation_batch_size", "must be >= 1")
 
 
+def rl_policy() -> RLPolicyConfig:
+    """The RL recipes' `policy.*`: SmolLM2-135M-Instruct, 32 completions per optimizer step in micro-batches of 8,
+    512 tokens, and the small constant learning rate RL fine-tuning wants (AdamW lr 1e-6, no decay of it; the
+    reward model's 5e-5 cosine schedule moves a policy 50x as fast)."""
+    return RLPolicyConfig(model_name="smollm2", train_global_batch_size=32, train_micro_batch_size=8,
+                          max_total_sequence_length=512, optimizer=OptimizerConfig(lr=1e-6),
+                          scheduler=SchedulerConfig(name="constant"))
+
+
 @dataclass
 class RewardModelEnvConfig:
     """`env.reward_model.*`: exactly one of `model_name` (scored in process) or `url` (`rmkit serve`)."""
@@ -363,8 +372,7 @@ class GRPOConfig:
 
     grpo: GRPOLoopConfig = field(default_factory=lambda: GRPOLoopConfig(max_num_steps=100, val_period=10, log_period=1))
     loss_fn: ClippedPGLossConfig = field(default_factory=ClippedPGLossConfig)
-    policy: RLPolicyConfig = field(default_factory=lambda: RLPolicyConfig(
-        model_name="smollm2", train_global_batch_size=32, train_micro_batch_size=8, max_total_sequence_length=512))
+    policy: RLPolicyConfig = field(default_factory=rl_policy)
     env: EnvConfig = field(default_factory=EnvConfig)
     data: DataConfig = field(default_factory=DataConfig)
     checkpointing: CheckpointingConfig = field(default_factory=lambda: CheckpointingConfig(
@@ -521,8 +529,7 @@ class PPOConfig:
     loss_fn: ClippedPGLossConfig = field(default_factory=ClippedPGLossConfig)
     value_loss_fn: MseValueLossConfig = field(default_factory=lambda: MseValueLossConfig(cliprange=0.2))
     value: ValueConfig = field(default_factory=ValueConfig)
-    policy: RLPolicyConfig = field(default_factory=lambda: RLPolicyConfig(
-        model_name="smollm2", train_global_batch_size=32, train_micro_batch_size=8, max_total_sequence_length=512))
+    policy: RLPolicyConfig = field(default_factory=rl_policy)
     env: EnvConfig = field(default_factory=EnvConfig)
     data: DataConfig = field(default_factory=DataConfig)
     checkpointing: CheckpointingConfig = field(default_factory=lambda: CheckpointingConfig(

@@ -12,7 +12,6 @@ gradient accumulation, `rmkit.trainer.accumulate`).
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,45 +19,24 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.config import SamplingParams
-from rmkit.data import load_preference_data
-from rmkit.data.policy_tokenize import PolicyPair, tokenize_policy_pairs
-from rmkit.errors import DataError
+from rmkit.data.policy_tokenize import PolicyPair
 from rmkit.generation import generate_completions
 from rmkit.losses.dpo import DPOLossFn
 from rmkit.models.pair_logprobs import PLACEHOLDER, PairLogits, RefLogprobs, reference_tensor
 from rmkit.models.policy import load_training_policy
 from rmkit.recipes.configs import DPOTree
 from rmkit.trainer.accumulate import accumulate, global_metrics, plan_micro_batches
+from rmkit.trainer.datasets import load_policy_pairs, load_sets, make_sampler
 from rmkit.trainer.export import export_policy
 from rmkit.trainer.loop import RecipeParts, StepReport, fit, start_state, update
 from rmkit.trainer.plots import plot_training_curves
 from rmkit.trainer.reference_logprobs import reference_logprobs, weights_digest
 from rmkit.trainer.run import RunResult, start_run
-from rmkit.trainer.run_data import DataSet, make_sampler, report_data, resolve_data_path
 from rmkit.trainer.run_log import RunLogger, append_samples
 from rmkit.trainer.sharding import shard_policy
 from rmkit.trainer.state import total_steps
 
 SHOWN = ("/loss", "/accuracy", "/rewards_margin_mean")  # the headline validation metrics printed during a run
-
-
-def load_pairs(cfg: DPOTree, ds: DataSet, tokenizer) -> list[PolicyPair]:
-    """A preference file through rmkit's data layer (formats, validation, `on_error`), as policy pairs."""
-    data, max_length = ds.data, cfg.policy.max_total_sequence_length
-    loaded = load_preference_data(
-        resolve_data_path(ds.path), format=data.format, prompt_key=data.prompt_key, chosen_key=data.chosen_key,
-        rejected_key=data.rejected_key, on_error=data.on_error, keep_ties=data.keep_ties,
-        allow_empty_response=data.allow_empty_response, split=data.split)
-    tokenized = tokenize_policy_pairs(loaded.records, tokenizer, max_length, overlong=data.overlong)
-    report_data(ds, loaded, len(tokenized.pairs), "pair", tokenized.dropped,
-                [f"{tokenized.truncated} truncated to {max_length} tokens"])
-    if tokenized.emptied and dist.is_main():
-        print(f"rmkit: warning: {ds.label}: {tokenized.emptied} of {len(tokenized.pairs)} prompts were cut to nothing "
-              f"(what is left is what every prompt is rendered with: policy.max_total_sequence_length={max_length} "
-              "leaves the responses all the room); raise policy.max_total_sequence_length, or set data.overlong=drop to "
-              "leave out every pair that does not fit", file=sys.stderr)
-    return tokenized.pairs
-
 
 
 def _global_counts(pairs: Sequence[PolicyPair]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -148,11 +126,7 @@ def train(cfg: DPOTree) -> RunResult:
         forward = pair_logits
     else:  # DDP under torchrun: one forward per backward, gradients summed over ranks
         forward = dist.wrap_data_parallel(pair_logits, run.info)
-    train_pairs = load_pairs(cfg, DataSet.of(cfg.data, None, run.out_dir), tokenizer)
-    if not train_pairs:
-        raise DataError(cfg.data.train_data_path, None, None, "no usable training records")
-    val_pairs = {name: load_pairs(cfg, DataSet.of(cfg.data, name, run.out_dir), tokenizer)
-                 for name in cfg.data.val_data_paths}
+    train_pairs, val_pairs = load_sets(cfg.data, run.out_dir, lambda ds: load_policy_pairs(cfg, ds, tokenizer), "records")
 
     # --- reference log-probs: one pass before training (the initial weights), or the cached one
     settings = {"precision": cfg.policy.precision, "max_total_sequence_length": cfg.policy.max_total_sequence_length,

@@ -18,13 +18,11 @@ export. One step, as NeMo RL's `grpo_train` does it:
 from __future__ import annotations
 
 import time
-from dataclasses import replace
 
 import torch
 
 from rmkit import distributed as dist
-from rmkit.env import check_environment, environment_for
-from rmkit.errors import TrainingDiverged
+from rmkit.env import check_environment
 from rmkit.losses import reduce_metrics
 from rmkit.losses.advantages import (
     clip_advantages,
@@ -33,113 +31,71 @@ from rmkit.losses.advantages import (
     response_mask,
     sequence_kl,
 )
-from rmkit.losses.policy_gradient import ClippedPGLossFn
 from rmkit.models.policy import load_training_policy
 from rmkit.recipes.configs import GRPOConfig
+from rmkit.rl.logprobs import (
+    batch_logprobs,
+    policy_logits,
+    reference_logprobs,
+    reference_policy,
+    row_logprobs,
+    slice_rows,
+)
+from rmkit.rl.loop import RLLoop
+from rmkit.rl.policy_update import clipped_fraction, mean_over_updates
+from rmkit.rl.rollout import check_rollout_split, rollout_metrics, sample_and_score, training_batch
 from rmkit.trainer.accumulate import accumulate
 from rmkit.trainer.export import export_policy
 from rmkit.trainer.loop import RecipeParts, StepReport, apply_update, fit, start_state
-from rmkit.trainer.plots import plot_curves
-from rmkit.trainer.policy_update import clipped_fraction, mean_over_updates
-from rmkit.trainer.rl_guards import HackingWatch, KLCoefficient
-from rmkit.trainer.rl_validation import run_validation, warn
-from rmkit.trainer.rollout import (
-    batch_logprobs,
-    check_rollout_split,
-    generate_rollout,
-    policy_logits,
-    reference_policy,
-    restore_rl_loop_state,
-    rl_loop_state,
-    rollout_metrics,
-    rollout_sources,
-    row_logprobs,
-    score_rollout,
-    shaped_rewards,
-    slice_rows,
-    training_batch,
-)
 from rmkit.trainer.run import RunResult, start_run
 from rmkit.trainer.sharding import shard_policy
-from rmkit.trainer.state import total_steps
-
-CURVES = {"reward": ["train/reward", "validation/reward_mean"], "KL to the reference": ["train/kl_penalty"],
-          "generated tokens": ["train/mean_gen_tokens_per_sample", "validation/mean_gen_tokens_per_sample"]}
 
 
 def train(cfg: GRPOConfig) -> RunResult:
     """Optimize the policy against the reward model as `cfg` says; the policy goes to `<checkpoint_dir>/final/`."""
     run = start_run(cfg, cfg.grpo)  # threads, seed, torchrun, folders, the saved config
-    device, world = run.device, dist.world_size()
-    check_rollout_split(cfg.grpo, cfg.policy, world)
+    check_rollout_split(cfg.grpo, cfg.policy, dist.world_size())
     check_environment(cfg.env.reward_model)  # a wrong reward-model path fails before the policy loads
 
-    # --- policy, reference, reward environment, prompts
-    model, tokenizer = load_training_policy(cfg.policy, device)
+    # --- policy, reference, then the RL loop's state: reward environment, prompts, sampling generator, KL, watch
+    model, tokenizer = load_training_policy(cfg.policy, run.device)
     reference = reference_policy(model, cfg.policy, run.info, needed=cfg.loss_fn.reference_policy_kl_penalty > 0)
     if cfg.policy.dtensor_cfg.enabled:  # FSDP2 under torchrun: shard the model in place (gradients summed)
         shard_policy(model, cfg.policy, run.info)
         trained = model
     else:  # DDP sums gradients over ranks (rmkit.distributed)
         trained = dist.wrap_data_parallel(model, run.info)
-    env = environment_for(cfg.env.reward_model)
-    train_prompts, val_prompts, sampler, generator = rollout_sources(cfg, cfg.grpo, tokenizer, run.out_dir)
-    params = cfg.policy.generation
+    rl = RLLoop(cfg, cfg.grpo, run, tokenizer)
 
-    # --- optimizer, schedule, the KL coefficient and the hacking watch
-    rollout_size = cfg.grpo.num_prompts_per_step * cfg.grpo.num_generations_per_prompt
-    updates_per_step = rollout_size // cfg.policy.train_global_batch_size
-    steps = total_steps(cfg.grpo, len(sampler))
-    state = start_state(model, cfg.policy, sampler, steps * updates_per_step)
-    kl = KLCoefficient(cfg.loss_fn.reference_policy_kl_penalty, cfg.grpo.kl_target, cfg.grpo.kl_horizon)
-    watch = HackingWatch.of(cfg.grpo)
+    # --- optimizer and schedule (one optimizer step per train_global_batch_size completions of a rollout)
+    updates_per_step = rl.rollout_size // cfg.policy.train_global_batch_size
+    state = start_state(model, cfg.policy, rl.sampler, rl.steps * updates_per_step)
 
     def step(indices: list[int]) -> StepReport:
-        step_start = time.perf_counter()
-        prompts = [train_prompts[i] for i in indices]
-        loss_fn = ClippedPGLossFn(replace(cfg.loss_fn, reference_policy_kl_penalty=kl.value))
-        metrics = grpo_step(cfg, state, trained, tokenizer, env, reference, loss_fn, prompts, params, generator)
-        metrics["timing/train/total_step_time"] = time.perf_counter() - step_start
-        metrics["train/kl_coefficient"] = kl.value
-        kl.update(metrics["train/kl_penalty"], rollout_size)
-        warn(watch.after_step(state.step + 1, metrics["train/kl_penalty"]), run.logger, state.step + 1)
-        return StepReport(metrics, shown={"reward": metrics["train/reward"], "kl": metrics["train/kl_penalty"],
-                                          "gen_tokens": metrics["train/mean_gen_tokens_per_sample"]})
-
-    def validate(at: int) -> dict[str, float]:
-        return run_validation(cfg.grpo, model, tokenizer, env, val_prompts, params, run.logger, run.log_dir, at, watch)
+        started = time.perf_counter()
+        metrics = grpo_step(cfg, state, trained, tokenizer, rl.env, reference, rl.loss_fn(), rl.prompts(indices),
+                            cfg.policy.generation, rl.generator)
+        return rl.report(metrics, started, state.step + 1)
 
     # --- the loop, the last checkpoint (with every rank's sampling generator, the KL coefficient), the export
     # (rank 0), plots
     try:
-        return fit(run, state, steps, cfg.grpo, RecipeParts(
-            action=f"GRPO on {cfg.policy.model_name}", length=f"{steps} step{'' if steps == 1 else 's'} of "
-            f"{cfg.grpo.num_prompts_per_step} prompts x {cfg.grpo.num_generations_per_prompt}",
-            step=step, validate=validate if any(val_prompts.values()) else None, tokenizer=tokenizer,
+        return fit(run, state, rl.steps, cfg.grpo, RecipeParts(
+            action=f"GRPO on {cfg.policy.model_name}", length=rl.length, step=step,
+            validate=rl.validation(model, tokenizer), tokenizer=tokenizer,
             export=lambda whole, folder: export_policy(whole, tokenizer, folder, cfg),
             load_unsharded=lambda: load_training_policy(cfg.policy, torch.device("cpu"))[0],
-            plots=lambda history, log_dir: [plot_curves(history, log_dir / "grpo_curves.png", CURVES)],
-            loop_state=lambda: rl_loop_state(generator, kl, watch),
-            restore=lambda saved: restore_rl_loop_state(saved, generator, kl, watch)))
+            plots=rl.plots("grpo_curves.png"), loop_state=rl.state, restore=rl.restore))
     finally:
-        env.shutdown()
+        rl.env.shutdown()
 
 
 def grpo_step(cfg, state, trained, tokenizer, env, reference, loss_fn, prompts, params, generator) -> dict[str, float]:
     """One rollout and its updates; returns the step's metrics (NeMo RL's names). A prompt's group index is its
     position in the step's global prompt batch."""
     timing, policy, model = {}, cfg.policy, state.model
+    rollout, rewards = sample_and_score(cfg, cfg.grpo, model, tokenizer, env, prompts, state.step, generator, timing)
     t0 = time.perf_counter()
-    try:
-        rollout = generate_rollout(model, tokenizer, prompts, dist.rank() * len(prompts),
-                                   cfg.grpo.num_generations_per_prompt, params, policy.generation_batch_size, generator)
-    except TrainingDiverged as err:
-        raise TrainingDiverged(f"{err} at step {state.step + 1}; no update was applied. Lower "
-                               f"policy.optimizer.lr (now {policy.optimizer.lr}) or raise "
-                               "loss_fn.reference_policy_kl_penalty, and resume from the last checkpoint.") from None
-    timing["generation"], t0 = time.perf_counter() - t0, time.perf_counter()
-    rewards = shaped_rewards(cfg.grpo, score_rollout(env, rollout, state.step), rollout)
-    timing["reward_calculation"], t0 = time.perf_counter() - t0, time.perf_counter()
     batch = training_batch(rollout, tokenizer.pad_token_id)
     if needs_prev_logprobs_pass(cfg, len(batch["input_ids"])):  # else update_policy takes them on the way
         if cfg.grpo.prev_logprobs_from_generation:
@@ -148,10 +104,7 @@ def grpo_step(cfg, state, trained, tokenizer, env, reference, loss_fn, prompts, 
             batch["prev_logprobs"] = batch_logprobs(model, batch, policy.train_micro_batch_size,
                                                     params.temperature, policy.precision)
     if reference is not None:
-        with reference() as ref_model:
-            batch["reference_policy_logprobs"] = batch_logprobs(model if ref_model is None else ref_model, batch,
-                                                                policy.train_micro_batch_size, params.temperature,
-                                                                policy.precision)
+        batch["reference_policy_logprobs"] = reference_logprobs(reference, model, batch, policy, params.temperature)
     timing["policy_and_reference_logprobs"], t0 = time.perf_counter() - t0, time.perf_counter()
     batch["advantages"] = compute_advantages(cfg, rewards, rollout.group_index, batch,
                                              loss_fn.cfg["reference_policy_kl_penalty"])

@@ -37,11 +37,10 @@ import numpy as np
 import torch
 
 from rmkit import distributed as dist
-from rmkit.env import check_environment, environment_for
-from rmkit.errors import ConfigError, TrainingDiverged
+from rmkit.env import check_environment
+from rmkit.errors import ConfigError
 from rmkit.losses import reduce_metrics
 from rmkit.losses.advantages import response_mask
-from rmkit.losses.policy_gradient import ClippedPGLossFn
 from rmkit.losses.value import MseValueLossFn, aligned_values, gae_advantages, value_explained_variance
 from rmkit.models.critic import (
     ActorCritic,
@@ -58,6 +57,25 @@ from rmkit.models.policy import load_training_policy
 from rmkit.models.reward import load_tokenizer
 from rmkit.models.setup import autocast, prepare_model, resolve_model_name
 from rmkit.recipes.configs import PPOConfig
+from rmkit.rl.logprobs import (
+    batch_logprobs,
+    continuation_view,
+    from_continuation_view,
+    policy_logits,
+    prompt_groups,
+    reference_logprobs,
+    reference_policy,
+    slice_rows,
+)
+from rmkit.rl.loop import RLLoop
+from rmkit.rl.policy_update import clipped_fraction, mean_over_updates
+from rmkit.rl.rollout import (
+    check_rollout_split,
+    mask_logprob_mismatch,
+    rollout_metrics,
+    sample_and_score,
+    training_batch,
+)
 from rmkit.trainer.accumulate import accumulate
 from rmkit.trainer.export import export_policy, save_hf_model
 from rmkit.trainer.loop import RecipeParts, StepReport, check_finite, fit
@@ -69,52 +87,26 @@ from rmkit.trainer.optim import (
     schedule_by_model,
     step_optimizer,
 )
-from rmkit.trainer.plots import plot_curves
-from rmkit.trainer.policy_update import clipped_fraction, mean_over_updates
-from rmkit.trainer.rl_guards import HackingWatch, KLCoefficient
-from rmkit.trainer.rl_validation import run_validation, warn
-from rmkit.trainer.rollout import (
-    batch_logprobs,
-    check_rollout_split,
-    continuation_view,
-    from_continuation_view,
-    generate_rollout,
-    mask_logprob_mismatch,
-    policy_logits,
-    prompt_groups,
-    reference_policy,
-    restore_rl_loop_state,
-    rl_loop_state,
-    rollout_metrics,
-    rollout_sources,
-    score_rollout,
-    shaped_rewards,
-    slice_rows,
-    training_batch,
-)
 from rmkit.trainer.run import RunResult, start_run
 from rmkit.trainer.sharding import shard_policy, shard_reward_model
-from rmkit.trainer.state import TrainState, total_steps
+from rmkit.trainer.state import TrainState
 
-CURVES = {"reward": ["train/reward", "validation/reward_mean"], "KL to the reference": ["train/kl_penalty"],
-          "generated tokens": ["train/mean_gen_tokens_per_sample", "validation/mean_gen_tokens_per_sample"],
-          "critic": ["train/critic/loss", "train/critic/explained_var"]}
+CRITIC_CURVES = {"critic": ["train/critic/loss", "train/critic/explained_var"]}
 
 
 def train(cfg: PPOConfig) -> RunResult:
     """Optimize the policy against the reward model with a learned critic as `cfg` says; the policy goes to
     `<checkpoint_dir>/final/`, the critic to `final/critic/`."""
     run = start_run(cfg, cfg.ppo)  # threads, seed, torchrun, folders, the saved config
-    device, world = run.device, dist.world_size()
-    check_rollout_split(cfg.ppo, cfg.policy, world)
+    check_rollout_split(cfg.ppo, cfg.policy, dist.world_size())
     check_environment(cfg.env.reward_model)  # a wrong reward-model path fails before the policy loads
     if cfg.value.model_name is not None:  # a wrong critic path fails before the policy loads too
         check_critic_path(cfg.value.model_name, "value.model_name")
 
-    # --- policy, reference, critic, reward environment, prompts
-    policy, tokenizer = load_training_policy(cfg.policy, device)
+    # --- policy, reference, critic, then the RL loop's state: reward environment, prompts, generator, KL, watch
+    policy, tokenizer = load_training_policy(cfg.policy, run.device)
     reference = reference_policy(policy, cfg.policy, run.info, needed=cfg.loss_fn.reference_policy_kl_penalty > 0)
-    critic_cfg, critic, critic_tokenizer = build_critic(cfg, tokenizer, device)
+    critic_cfg, critic, critic_tokenizer = build_critic(cfg, tokenizer, run.device)
     if cfg.policy.dtensor_cfg.enabled:  # FSDP2 under torchrun: both models sharded in place (gradients summed)
         shard_policy(policy, cfg.policy, run.info)
         shard_reward_model(critic, critic_cfg, run.info)
@@ -122,18 +114,14 @@ def train(cfg: PPOConfig) -> RunResult:
     values_forward = TokenValues(critic)
     trained_values = values_forward if cfg.policy.dtensor_cfg.enabled else dist.wrap_data_parallel(values_forward,
                                                                                                   run.info)
-    env = environment_for(cfg.env.reward_model)
-    train_prompts, val_prompts, sampler, generator = rollout_sources(cfg, cfg.ppo, tokenizer, run.out_dir)
-    params = cfg.policy.generation
+    rl = RLLoop(cfg, cfg.ppo, run, tokenizer)
 
-    # --- one optimizer over both models (the policy's learning rate 0 during critic warmup), state, resume
-    rollout_size = cfg.ppo.num_prompts_per_step * cfg.ppo.num_generations_per_prompt
-    updates_per_step = cfg.ppo.ppo_epochs * rollout_size // cfg.policy.train_global_batch_size
-    steps = total_steps(cfg.ppo, len(sampler))
+    # --- one optimizer over both models (named groups; the policy's learning rate 0 during critic warmup)
+    updates_per_step = cfg.ppo.ppo_epochs * rl.rollout_size // cfg.policy.train_global_batch_size
     both = ActorCritic(policy, critic)
     optimizer = joint_optimizer({"policy": (policy, cfg.policy.optimizer), "critic": (critic, critic_cfg.optimizer)})
     warmup = cfg.ppo.policy_training_start_step * updates_per_step
-    total = steps * updates_per_step
+    total = rl.steps * updates_per_step
 
     def policy_factor(update: int) -> float:
         return 0.0 if update < warmup else lr_factor(update - warmup, cfg.policy.scheduler, max(1, total - warmup))
@@ -142,54 +130,39 @@ def train(cfg: PPOConfig) -> RunResult:
         return lr_factor(update, critic_cfg.scheduler, total)
 
     scheduler = schedule_by_model(optimizer, {"policy": policy_factor, "critic": critic_factor})
-    state = TrainState(both, optimizer, scheduler, sampler)
-    kl = KLCoefficient(cfg.loss_fn.reference_policy_kl_penalty, cfg.ppo.kl_target, cfg.ppo.kl_horizon)
-    watch = HackingWatch.of(cfg.ppo)
+    state = TrainState(both, optimizer, scheduler, rl.sampler)
     models = Models(policy, trained_policy, critic, trained_values, reference)
     value_loss_fn = MseValueLossFn(cfg.value_loss_fn)
 
-    def loop_state() -> dict:  # what checkpoints keep besides the weights: the RL loop's and the critic's offset
-        return {"value_offset": value_offset(critic), **rl_loop_state(generator, kl, watch)}
-
-    def restore(saved: dict) -> None:
-        restore_rl_loop_state(saved, generator, kl, watch)
-        set_value_offset(critic, saved.get("value_offset", value_offset(critic)))
-
     def step(indices: list[int]) -> StepReport:
-        step_start = time.perf_counter()
-        prompts = [train_prompts[i] for i in indices]
+        started = time.perf_counter()
         if state.step == cfg.ppo.policy_training_start_step > 0 and dist.is_main():
             print(f"rmkit: critic warmup done ({state.step} steps); the policy trains from here on", file=sys.stderr)
-        loss_fn = ClippedPGLossFn(replace(cfg.loss_fn, reference_policy_kl_penalty=kl.value))
-        metrics = ppo_step(cfg, critic_cfg, state, models, tokenizer, env, loss_fn, value_loss_fn, prompts, params,
-                           generator)
-        metrics["timing/train/total_step_time"] = time.perf_counter() - step_start
-        metrics["train/kl_coefficient"] = kl.value
-        if state.step + 1 > cfg.ppo.policy_training_start_step:  # in critic warmup the policy is the reference
-            kl.update(metrics["train/kl_penalty"], rollout_size)
-        warn(watch.after_step(state.step + 1, metrics["train/kl_penalty"]), run.logger, state.step + 1)
-        return StepReport(metrics, shown={"reward": metrics["train/reward"], "kl": metrics["train/kl_penalty"],
-                                          "gen_tokens": metrics["train/mean_gen_tokens_per_sample"],
-                                          "vloss": metrics["train/critic/loss"]})
+        metrics = ppo_step(cfg, critic_cfg, state, models, tokenizer, rl.env, rl.loss_fn(), value_loss_fn,
+                           rl.prompts(indices), cfg.policy.generation, rl.generator)
+        # In critic warmup the policy is the reference: the KL coefficient waits.
+        report = rl.report(metrics, started, state.step + 1, kl_moves=state.step + 1 > cfg.ppo.policy_training_start_step)
+        report.shown["vloss"] = metrics["train/critic/loss"]
+        return report
 
-    def validate(at: int) -> dict[str, float]:
-        return run_validation(cfg.ppo, policy, tokenizer, env, val_prompts, params, run.logger, run.log_dir, at, watch)
+    def restore(saved: dict) -> None:
+        rl.restore(saved)
+        set_value_offset(critic, saved.get("value_offset", value_offset(critic)))
 
-    # --- the loop, the last checkpoint, the export of both models (rank 0: policy in final/, critic in
-    # final/critic/), plots
+    # --- the loop, the last checkpoint (the RL loop's state and the critic's offset), the export of both models
+    # (rank 0: policy in final/, critic in final/critic/), plots
     try:
-        return fit(run, state, steps, cfg.ppo, RecipeParts(
-            action=f"PPO on {cfg.policy.model_name} with a critic", length=f"{steps} step{'' if steps == 1 else 's'} "
-            f"of {cfg.ppo.num_prompts_per_step} prompts x {cfg.ppo.num_generations_per_prompt}, {cfg.ppo.ppo_epochs} "
-            "epochs each", step=step, validate=validate if any(val_prompts.values()) else None, tokenizer=tokenizer,
+        return fit(run, state, rl.steps, cfg.ppo, RecipeParts(
+            action=f"PPO on {cfg.policy.model_name} with a critic", length=f"{rl.length}, {cfg.ppo.ppo_epochs} epochs each",
+            step=step, validate=rl.validation(policy, tokenizer), tokenizer=tokenizer,
             export=lambda whole, folder: export_both(whole, tokenizer, critic_tokenizer, folder, cfg,
                                                      value_offset(critic)),
             load_unsharded=lambda: ActorCritic(load_training_policy(cfg.policy, torch.device("cpu"))[0],
                                                build_critic(cfg, tokenizer, torch.device("cpu"), False)[1]),
-            plots=lambda history, log_dir: [plot_curves(history, log_dir / "ppo_curves.png", CURVES)],
-            loop_state=loop_state, restore=restore))
+            plots=rl.plots("ppo_curves.png", CRITIC_CURVES),
+            loop_state=lambda: {"value_offset": value_offset(critic), **rl.state()}, restore=restore))
     finally:
-        env.shutdown()
+        rl.env.shutdown()
 
 
 def critic_source(cfg: PPOConfig, policy_tokenizer) -> tuple[str, str]:
@@ -250,18 +223,9 @@ def ppo_step(cfg, critic_cfg, state, models: Models, tokenizer, env, loss_fn, va
     """One rollout and its `ppo_epochs` passes; returns the step's metrics (NeMo RL's names, the critic's under
     `train/critic/`)."""
     timing, policy_cfg = {}, cfg.policy
+    rollout, rewards = sample_and_score(cfg, cfg.ppo, models.policy, tokenizer, env, prompts, state.step, generator,
+                                        timing)
     t0 = time.perf_counter()
-    try:
-        rollout = generate_rollout(models.policy, tokenizer, prompts, dist.rank() * len(prompts),
-                                   cfg.ppo.num_generations_per_prompt, params, policy_cfg.generation_batch_size,
-                                   generator)
-    except TrainingDiverged as err:
-        raise TrainingDiverged(f"{err} at step {state.step + 1}; no update was applied. Lower "
-                               f"policy.optimizer.lr (now {policy_cfg.optimizer.lr}) or raise "
-                               "loss_fn.reference_policy_kl_penalty, and resume from the last checkpoint.") from None
-    timing["generation"], t0 = time.perf_counter() - t0, time.perf_counter()
-    rewards = shaped_rewards(cfg.ppo, score_rollout(env, rollout, state.step), rollout)
-    timing["reward_calculation"], t0 = time.perf_counter() - t0, time.perf_counter()
     batch = with_value_mask(training_batch(rollout, tokenizer.pad_token_id), rollout, cfg, tokenizer.pad_token_id)
     batch["values"] = batch_values(models, batch, critic_cfg)
     timing["value_inference"], t0 = time.perf_counter() - t0, time.perf_counter()
@@ -271,10 +235,8 @@ def ppo_step(cfg, critic_cfg, state, models: Models, tokenizer, env, loss_fn, va
         batch["prev_logprobs"] = batch_logprobs(models.policy, batch, policy_cfg.train_micro_batch_size,
                                                 params.temperature, policy_cfg.precision)
     if models.reference is not None:
-        with models.reference() as ref_model:
-            batch["reference_policy_logprobs"] = batch_logprobs(
-                models.policy if ref_model is None else ref_model, batch, policy_cfg.train_micro_batch_size,
-                params.temperature, policy_cfg.precision)
+        batch["reference_policy_logprobs"] = reference_logprobs(models.reference, models.policy, batch, policy_cfg,
+                                                                params.temperature)
     timing["policy_and_reference_logprobs"], t0 = time.perf_counter() - t0, time.perf_counter()
     mismatch = mask_logprob_mismatch(batch, cfg.ppo.seq_logprob_error_threshold)
     kl_penalty = loss_fn.cfg["reference_policy_kl_penalty"]

@@ -33,11 +33,11 @@ from rmkit.models.reward_forward import (
 )
 from rmkit.models.setup import RewardForward, autocast, prepare_model, resolve_model_name
 from rmkit.trainer.accumulate import accumulate, global_metrics, plan_micro_batches
+from rmkit.trainer.datasets import item_tokens, load_run_data, make_sampler
 from rmkit.trainer.export import export_model, reward_stats
 from rmkit.trainer.loop import RecipeParts, StepReport, fit, start_state, update
 from rmkit.trainer.plots import plot_reward_histograms, plot_training_curves
 from rmkit.trainer.run import RunResult, start_run
-from rmkit.trainer.run_data import item_tokens, load_run_data, make_sampler
 from rmkit.trainer.run_log import RunLogger
 from rmkit.trainer.sharding import shard_reward_model
 from rmkit.trainer.state import total_steps

@@ -21,41 +21,23 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.config import SamplingParams
-from rmkit.data.demonstrations import load_demonstrations, tokenize_demonstrations
 from rmkit.data.policy_tokenize import DemonstrationIds
-from rmkit.errors import DataError
 from rmkit.generation import generate_completions
 from rmkit.losses import NLLLoss
 from rmkit.models.policy import load_training_policy
 from rmkit.models.setup import autocast
 from rmkit.recipes.configs import SFTTree
 from rmkit.trainer.accumulate import accumulate, global_metrics, plan_micro_batches
+from rmkit.trainer.datasets import load_demonstration_set, load_sets, make_sampler
 from rmkit.trainer.export import export_policy
 from rmkit.trainer.loop import RecipeParts, StepReport, fit, start_state, update
 from rmkit.trainer.plots import plot_training_curves
 from rmkit.trainer.run import RunResult, start_run
-from rmkit.trainer.run_data import DataSet, make_sampler, report_data, resolve_data_path
 from rmkit.trainer.run_log import append_samples
 from rmkit.trainer.sharding import shard_policy
 from rmkit.trainer.state import total_steps
 
 SHOWN = ("/loss", "/token_acc")  # the headline validation metrics printed during a run
-
-
-def load_demonstration_set(cfg: SFTTree, ds: DataSet, tokenizer) -> list:
-    """Demonstrations of a data set, validated and tokenized; skipped records go to its rejects file (rank 0
-    reports)."""
-    data, sft = ds.data, cfg.sft
-    max_length = cfg.policy.max_total_sequence_length
-    loaded = load_demonstrations(resolve_data_path(ds.path), data.format, messages_key=data.messages_key,
-                                 prompt_key=data.prompt_key, response_key=data.response_key, chosen_key=data.chosen_key,
-                                 rejected_key=data.rejected_key, allow_empty_response=data.allow_empty_response,
-                                 keep_ties=data.keep_ties, on_error=data.on_error, split=data.split)
-    tokenized = tokenize_demonstrations(loaded.records, tokenizer, max_length, data.overlong, sft.assistant_only_loss,
-                                        sft.only_unmask_final, data.on_error)
-    report_data(ds, loaded, len(tokenized.items), "demonstration", tokenized.dropped,
-                [f"{tokenized.truncated} truncated to {max_length} tokens"])
-    return tokenized.items
 
 
 def collate(items: Sequence[DemonstrationIds], pad_token_id: int, packed: bool) -> dict[str, torch.Tensor]:
@@ -187,11 +169,8 @@ def train(cfg: SFTTree) -> RunResult:
         forward = model
     else:  # DDP under torchrun: gradients summed over ranks
         forward = dist.wrap_data_parallel(model, run.info)
-    train_items = load_demonstration_set(cfg, DataSet.of(cfg.data, None, run.out_dir), tokenizer)
-    if not train_items:
-        raise DataError(cfg.data.train_data_path, None, None, "no usable training demonstrations")
-    val = {name: load_demonstration_set(cfg, DataSet.of(cfg.data, name, run.out_dir), tokenizer)
-           for name in cfg.data.val_data_paths}
+    train_items, val = load_sets(cfg.data, run.out_dir, lambda ds: load_demonstration_set(cfg, ds, tokenizer),
+                                 "demonstrations")
     sampler = make_sampler(cfg, [d.length for d in train_items], cfg.sft.seed)
 
     # --- optimizer, schedule, state

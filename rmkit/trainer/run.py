@@ -23,8 +23,8 @@ import torch
 from rmkit import distributed as dist
 from rmkit.config import save_config
 from rmkit.trainer.checkpoint import list_checkpoints
+from rmkit.trainer.datasets import check_data_paths
 from rmkit.trainer.resume import resolve_resume, restore_training_state, save_training_checkpoint
-from rmkit.trainer.run_data import check_data_paths
 from rmkit.trainer.run_log import SAMPLES, open_logger
 from rmkit.trainer.sharding import gather_full_model
 from rmkit.trainer.state import TrainState, seed_everything, set_threads

@@ -10,7 +10,8 @@ import torch
 from transformers import AutoTokenizer
 
 from benchmarks import ppo_replay, ppo_vs_trl
-from rmkit.trainer.rollout import PromptItem, training_batch
+from rmkit.rl.rollout import training_batch
+from rmkit.trainer.datasets import PromptItem
 
 EOS, PAD = 2, 0  # SmolLM2's <|im_end|>; TRL's side pads with its own pad id, not EOS
 

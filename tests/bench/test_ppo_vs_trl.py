@@ -17,7 +17,7 @@ from transformers import AutoTokenizer
 from benchmarks import grpo_vs_trl, ppo_vs_trl
 from rmkit.config import load_config
 from rmkit.recipes.configs import PPOConfig, PPOLoopConfig, RewardShapingConfig
-from rmkit.trainer.rollout import shaped_rewards
+from rmkit.rl.rollout import shaped_rewards
 from tests.bench.test_grpo_vs_trl import numbers
 
 

@@ -91,7 +91,7 @@ def test_data_split_and_allow_empty_response_reach_the_loader(tiny_decoder, tmp_
     from transformers import AutoTokenizer
 
     from rmkit.errors import DataError
-    from rmkit.trainer.run_data import load_run_data
+    from rmkit.trainer.datasets import load_run_data
 
     rows = [{"prompt": f"q{i}", "chosen": f"good {i}", "rejected": "" if i == 0 else f"bad {i}"} for i in range(3)]
     datasets.DatasetDict({"test": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "ds"))
@@ -105,7 +105,7 @@ def test_data_split_and_allow_empty_response_reach_the_loader(tiny_decoder, tmp_
 
 
 def test_length_group_window_reaches_the_sampler_and_must_be_positive():
-    from rmkit.trainer.run_data import make_sampler
+    from rmkit.trainer.datasets import make_sampler
 
     def batches(window):
         cfg = config_from_dict({"data": {"length_group_window": window}, "policy": {"train_global_batch_size": 4, "train_micro_batch_size": 4}})

@@ -1,6 +1,8 @@
 """Every config that ships, and every YAML snippet the documentation shows (`docs/`), loads into its recipe's config
 tree (the tree is the one whose loop section the YAML has; a snippet without one must load into the reward-model
-tree, the default); and each recipe's defaults are the default values of its tree."""
+tree, the default); each recipe's defaults are the default values of its tree; and a shipped config tells the truth
+about them ("defaults shown unless noted": a value that is not the code's default says `not the default` on its
+line)."""
 
 from pathlib import Path
 
@@ -8,7 +10,7 @@ import pytest
 import yaml
 
 from rmkit.cli.recipes import RECIPES, _load
-from rmkit.config import load_config
+from rmkit.config import config_to_dict, load_config
 from tests.docs.examples import blocks, pages
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,6 +34,59 @@ def test_every_shipped_config_loads(path):
     values = yaml.safe_load(path.read_text(encoding="utf-8"))
     cfg = load_config(path, tree_type=tree_for(values))
     assert cfg.checkpointing.checkpoint_dir  # a whole tree came back
+
+
+MISSING = "<not in the tree's defaults>"
+
+
+def yaml_leaves(text: str) -> list[tuple[str, int]]:
+    """`(dotted key, 0-based line of the key)` of every value of a YAML mapping that is not itself a section."""
+    leaves = []
+
+    def walk(node: yaml.MappingNode, prefix: str) -> None:
+        for key, value in node.value:
+            if isinstance(value, yaml.MappingNode) and value.value:
+                walk(value, f"{prefix}{key.value}.")
+            else:
+                leaves.append((f"{prefix}{key.value}", key.start_mark.line))
+
+    walk(yaml.compose(text), "")
+    return leaves
+
+
+def lookup(tree: dict, dotted: str):
+    for part in dotted.split("."):
+        if not isinstance(tree, dict) or part not in tree:
+            return MISSING
+        tree = tree[part]
+    return tree
+
+
+def untruths(path: Path) -> list[str]:
+    """Where a config file and its recipe's code defaults disagree unmarked, or a line says `not the default` of a
+    value that is the default."""
+    text = path.read_text(encoding="utf-8")
+    tree = tree_for(yaml.safe_load(text))
+    shown, default = (config_to_dict(load_config(p, tree_type=tree)) for p in (path, None))
+    lines, wrong = text.splitlines(), []
+    for key, line in yaml_leaves(text):
+        differs, marked = lookup(shown, key) != lookup(default, key), "not the default" in lines[line]
+        if differs != marked:
+            wrong.append(f"{path.name}:{line + 1}: {key}: {lookup(shown, key)!r}, the default {lookup(default, key)!r}: "
+                         + ("unmarked" if differs else "marked 'not the default' but it is"))
+    return wrong
+
+
+@pytest.mark.parametrize("path", sorted((REPO / "configs").glob("*.yaml")), ids=lambda p: p.name)
+def test_a_shipped_config_marks_every_value_that_is_not_the_default(path):
+    """`rmkit R --config F` and `rmkit R` differ exactly where F's lines say `not the default`."""
+    assert not untruths(path), "\n".join(untruths(path))
+
+
+def test_an_unmarked_change_and_a_stale_mark_are_both_caught(tmp_path):
+    path = tmp_path / "rm.yaml"
+    path.write_text("rm:\n  max_num_epochs: 3\n  val_period: 50  # not the default\n  log_period: 10\n", encoding="utf-8")
+    assert [line.split(": ")[0] for line in untruths(path)] == ["rm.yaml:2", "rm.yaml:3"]
 
 
 @pytest.mark.parametrize("where, snippet", docs_snippets(), ids=[where for where, _ in docs_snippets()])

@@ -8,7 +8,7 @@ import torch
 
 from rmkit.losses.rewards import missing_eos_penalty, overlong_penalty, scale_rewards, stop_properly_penalty
 from rmkit.recipes.configs import GRPOLoopConfig, RewardScalingConfig, RewardShapingConfig
-from rmkit.trainer.rollout import shaped_rewards
+from rmkit.rl.rollout import shaped_rewards
 
 
 @pytest.mark.parametrize("rewards, source, target, expected", [

@@ -66,3 +66,21 @@ def ppo_overrides(policy: str, reward_model: str, train: Path, val: Path, out: P
     PPO epochs; the critic starts from the tiny reward model (same tokenizer as the policy)."""
     return [arg.replace("grpo.", "ppo.") for arg in grpo_overrides(policy, reward_model, train, val, out, steps)] + [
         "ppo.ppo_epochs=2", "value.optimizer.lr=1e-3", "value.train_micro_batch_size=1"]
+
+
+@pytest.fixture
+def logprob_passes(monkeypatch) -> list:
+    """A list that gets one entry per `batch_logprobs` pass of GRPO or PPO: a recipe's own (`prev_logprobs`) or
+    the reference's (`rmkit.rl.logprobs.reference_logprobs`)."""
+    from rmkit.recipes import grpo, ppo
+    from rmkit.rl import logprobs
+
+    passes, real = [], logprobs.batch_logprobs
+
+    def counted(*args, **kwargs):
+        passes.append(1)
+        return real(*args, **kwargs)
+
+    for module in (grpo, ppo, logprobs):
+        monkeypatch.setattr(module, "batch_logprobs", counted)
+    return passes

@@ -104,11 +104,9 @@ def test_reward_server_down_stops_with_a_clear_message(tiny_policy, prompt_files
     assert "rmkit grpo: stopped: the reward server failed" in err and "--resume" in err
 
 
-def _diverge_at_step_2(monkeypatch, name, diverge):
-    """Wrap `rmkit.recipes.grpo.<name>` so that from the second training step on, `diverge` acts first."""
-    from rmkit.recipes import grpo
-
-    real, calls = getattr(grpo, name), []
+def _diverge_at_step_2(monkeypatch, module, name, diverge):
+    """Wrap `<module>.<name>` so that from the second training step on, `diverge` acts first."""
+    real, calls = getattr(module, name), []
 
     def wrapped(*args, **kwargs):
         calls.append(1)
@@ -116,7 +114,7 @@ def _diverge_at_step_2(monkeypatch, name, diverge):
             args = diverge(*args)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(grpo, name, wrapped)
+    monkeypatch.setattr(module, name, wrapped)
 
 
 @pytest.mark.parametrize("fault", ["nan_weights", "nan_advantages"])
@@ -124,6 +122,8 @@ def test_divergence_stops_the_run_naming_the_step(tiny_policy, tiny_reward_model
                                                   monkeypatch, fault):
     """NaN logits while sampling (torch.multinomial would crash) or a NaN loss: exit 1 naming step 2, no
     traceback, no final/, and step 1's checkpoint intact."""
+    from rmkit.recipes import grpo
+    from rmkit.rl import rollout
     from rmkit.trainer.checkpoint import verify_checkpoint
 
     if fault == "nan_weights":  # the policy's weights turn NaN before step 2's rollout: its logits follow
@@ -131,9 +131,9 @@ def test_divergence_stops_the_run_naming_the_step(tiny_policy, tiny_reward_model
             with torch.no_grad():
                 model.get_output_embeddings().weight.fill_(math.nan)
             return (model, *rest)
-        _diverge_at_step_2(monkeypatch, "generate_rollout", poison)
+        _diverge_at_step_2(monkeypatch, rollout, "generate_rollout", poison)
     else:  # step 2's advantages are NaN: so is its loss
-        _diverge_at_step_2(monkeypatch, "compute_advantages",
+        _diverge_at_step_2(monkeypatch, grpo, "compute_advantages",
                            lambda cfg, rewards, *rest: (cfg, rewards * math.nan, *rest))
     train, val = prompt_files
     out = tmp_path / "run"

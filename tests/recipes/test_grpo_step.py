@@ -16,8 +16,10 @@ from rmkit.models.policy import load_training_policy
 from rmkit.recipes import grpo
 from rmkit.recipes.configs import GRPOConfig
 from rmkit.recipes.grpo import compute_advantages
+from rmkit.rl.logprobs import reference_policy
+from rmkit.rl.rollout import generate_rollout, training_batch
+from rmkit.trainer.datasets import PromptItem
 from rmkit.trainer.optim import build_optimizer, build_scheduler
-from rmkit.trainer.rollout import PromptItem, generate_rollout, reference_policy, training_batch
 from rmkit.trainer.state import TrainState
 
 
@@ -88,7 +90,7 @@ def test_completions_of_a_prompt_share_its_forward_and_match_the_plain_one(tiny_
     completions' positions only: on a real rollout (3 prompts x 3, different prompt and completion lengths)
     the logits at every position of the continuation view and every parameter's gradient equal a plain padded
     forward's at the same tokens, and batch_logprobs puts the completion tokens' log-probs back in place."""
-    from rmkit.trainer.rollout import (
+    from rmkit.rl.logprobs import (
         batch_logprobs,
         continuation_start,
         policy_logits,
@@ -193,13 +195,12 @@ def test_prev_logprobs_pass_only_when_the_policy_moves_before_its_update(tiny_po
                                               "loss_fn.use_kl_in_reward=true"), 8)  # the advantages need them
 
 
-def test_one_update_per_rollout_takes_prev_logprobs_from_the_training_forward(tiny_policy, monkeypatch):
+def test_one_update_per_rollout_takes_prev_logprobs_from_the_training_forward(tiny_policy, logprob_passes, monkeypatch):
     """16 completions and a global batch of 16: one optimizer step per rollout, so the only log-prob pass
     before the update is the reference's, and the step ends with the weights and metrics that a separate
     prev_logprobs pass gives."""
     cfg = _cfg(tiny_policy, "policy.train_global_batch_size=16", "policy.optimizer.lr=1e-3")
-    passes, real = [], grpo.batch_logprobs
-    monkeypatch.setattr(grpo, "batch_logprobs", lambda *a, **k: passes.append(1) or real(*a, **k))
+    passes = logprob_passes
     shared, _, [fused] = _run_steps(cfg, lambda tok: TokenReward(tok, "a"), 1)
     assert len(passes) == 1 and fused["train/probs_ratio"] == 1.0
     monkeypatch.setattr(grpo, "needs_prev_logprobs_pass", lambda cfg, rows: True)
@@ -232,14 +233,13 @@ def test_kl_in_the_reward_before_the_leave_one_out_baseline(tiny_policy):
     torch.testing.assert_close(adv, torch.tensor(expected))
 
 
-def test_prev_logprobs_from_the_sampler_when_the_advantages_need_them_first(tiny_policy, monkeypatch):
+def test_prev_logprobs_from_the_sampler_when_the_advantages_need_them_first(tiny_policy, logprob_passes):
     """Reinforce++ with the KL in the reward needs `prev_logprobs` before the update: with
     `grpo.prev_logprobs_from_generation` they are the sampler's (only the reference's pass runs), and in
     float32 the step ends with the weights that the pass of their own gives."""
     overrides = ("grpo.adv_estimator.name=reinforce_plus_plus", "loss_fn.use_kl_in_reward=true",
                  "policy.optimizer.lr=1e-3")
-    passes, real = [], grpo.batch_logprobs
-    monkeypatch.setattr(grpo, "batch_logprobs", lambda *a, **k: passes.append(1) or real(*a, **k))
+    passes = logprob_passes
     sampled, _, [metrics] = _run_steps(_cfg(tiny_policy, *overrides, "grpo.prev_logprobs_from_generation=true"),
                                        lambda tok: TokenReward(tok, "a"), 1)
     assert len(passes) == 1 and metrics["train/token_mult_prob_error"] == 1.0
@@ -247,3 +247,4 @@ def test_prev_logprobs_from_the_sampler_when_the_advantages_need_them_first(tiny
     assert len(passes) == 3
     for got, want in zip(sampled.parameters(), computed.parameters()):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+

@@ -146,14 +146,11 @@ def test_reward_server_down_stops_with_a_clear_message(tiny_policy, prompt_files
 
 @pytest.mark.slow  # ~20 s: two runs
 def test_prev_logprobs_from_the_sampler_skip_their_pass_and_change_nothing_else(tiny_policy, tiny_reward_model,
-                                                                                 prompt_files, tmp_path, monkeypatch):
+                                                                                 prompt_files, tmp_path, logprob_passes):
     """`ppo.prev_logprobs_from_generation`: one log-prob pass a step (the reference's) instead of two, and in
     float32 the same run as with the pass, the KL in the reward included."""
-    from rmkit.recipes import ppo
-
     train, val = prompt_files
-    passes, real = [], ppo.batch_logprobs
-    monkeypatch.setattr(ppo, "batch_logprobs", lambda *a, **k: passes.append(1) or real(*a, **k))
+    passes = logprob_passes
     runs = {}
     for from_generation in (False, True):
         out, passes[:] = tmp_path / f"gen{from_generation}", []

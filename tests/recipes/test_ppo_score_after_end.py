@@ -13,7 +13,7 @@ from rmkit.config import SamplingParams
 from rmkit.models.critic import TokenValues, load_critic
 from rmkit.recipes.configs import PPOLoopConfig
 from rmkit.recipes.ppo import with_value_mask
-from rmkit.trainer.rollout import Rollout, training_batch
+from rmkit.rl.rollout import Rollout, training_batch
 from tests.recipes.conftest import ppo_overrides
 
 PAD = 2

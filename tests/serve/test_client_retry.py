@@ -20,10 +20,11 @@ import torch
 from rmkit.env import RewardModelEnvironment
 from rmkit.errors import RolloutFailed
 from rmkit.recipes.configs import RewardModelEnvConfig
+from rmkit.rl.rollout import Rollout, score_rollout
 from rmkit.serve import RewardClient, RewardServerError
 from rmkit.serve.client import retry_delays
 from rmkit.serve.process import free_port
-from rmkit.trainer.rollout import PromptItem, Rollout, score_rollout
+from rmkit.trainer.datasets import PromptItem
 
 
 class FixedAnswer:

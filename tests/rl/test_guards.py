@@ -1,9 +1,9 @@
-"""The RL recipes' guards (`rmkit.trainer.rl_guards`): the adaptive KL coefficient's arithmetic, and warnings that
+"""The RL recipes' guards (`rmkit.rl.guards`): the adaptive KL coefficient's arithmetic, and warnings that
 name the step and the numbers once when a run starts to look like reward hacking."""
 
 import pytest
 
-from rmkit.trainer.rl_guards import HackingWatch, KLCoefficient
+from rmkit.rl.guards import HackingWatch, KLCoefficient
 
 
 def test_adaptive_coefficient_moves_by_the_clipped_error():

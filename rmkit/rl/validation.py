@@ -1,6 +1,6 @@
 """Held-out validation of the RL recipes (GRPO, PPO): one sampled completion per held-out prompt, scored by the
 reward model, logged, written to samples.jsonl, and watched for a collapsing completion length
-(`rmkit.trainer.rl_guards`)."""
+(`rmkit.rl.guards`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.errors import TrainingDiverged
-from rmkit.trainer.rl_guards import HackingWatch
-from rmkit.trainer.rollout import generate_rollout, score_rollout
+from rmkit.rl.guards import HackingWatch
+from rmkit.rl.rollout import generate_rollout, score_rollout
 from rmkit.trainer.run_log import RunLogger, append_samples
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from rmkit.errors import RolloutFailed
-from rmkit.trainer.rollout import mask_logprob_mismatch
+from rmkit.rl.rollout import mask_logprob_mismatch
 
 
 def _batch(seed=0):

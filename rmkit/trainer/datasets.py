@@ -1,18 +1,24 @@
-"""Training and validation data for a run: loaded, validated and tokenized once, then batched by length."""
+"""Every recipe's training and validation data, in one place: each file loaded, validated and tokenized once (with its
+skipped records reported), then batched by length. The reward model's pairs or labelled examples
+(`load_run_data`), demonstrations (`load_demonstration_set`), a policy's preference pairs (`load_policy_pairs`) and
+RL prompts (`load_prompt_set`); `load_sets` gives a recipe its training set and validation sets by name."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from rmkit import distributed as dist
 from rmkit.config import Config, DataConfig
 from rmkit.data import LoadResult, load_preference_data, load_regression_data, loaded_line, write_rejects
+from rmkit.data.demonstrations import load_demonstrations, tokenize_demonstrations
+from rmkit.data.policy_tokenize import PolicyPair, tokenize_policy_pairs
+from rmkit.data.prompts import load_prompts
 from rmkit.data.readers import check_data_path, first_record
 from rmkit.data.sampler import LengthGroupedBatchSampler
-from rmkit.data.tokenize import tokenize_pairs, tokenize_regression
+from rmkit.data.tokenize import render_prompt, tokenize_pairs, tokenize_regression
 from rmkit.errors import ConfigError, DataError
 
 RESOURCES = Path(__file__).resolve().parents[1] / "resources"
@@ -159,3 +165,80 @@ def make_sampler(cfg, lengths: list[int], seed: int):
     return LengthGroupedBatchSampler(lengths, batch_size=cfg.policy.train_global_batch_size // world,
                                      seed=seed, mega_batch_mult=cfg.data.length_group_window,
                                      num_replicas=world, rank=dist.rank())
+
+
+def load_sets(data: DataConfig, out_dir: Path, load: Callable[[DataSet], list], noun: str) -> tuple[list, dict[str, list]]:
+    """`(training items, {validation set name: items})`, each file through `load`; a training file that leaves no
+    usable item is a DataError naming it."""
+    train = load(DataSet.of(data, None, out_dir))
+    if not train:
+        raise DataError(data.train_data_path, None, None, f"no usable training {noun}")
+    return train, {name: load(DataSet.of(data, name, out_dir)) for name in data.val_data_paths}
+
+
+def load_demonstration_set(cfg, ds: DataSet, tokenizer) -> list:
+    """Demonstrations of a data set (`cfg`: the SFT tree), validated and tokenized; skipped records go to its
+    rejects file (rank 0 reports)."""
+    data, sft = ds.data, cfg.sft
+    max_length = cfg.policy.max_total_sequence_length
+    loaded = load_demonstrations(resolve_data_path(ds.path), data.format, messages_key=data.messages_key,
+                                 prompt_key=data.prompt_key, response_key=data.response_key, chosen_key=data.chosen_key,
+                                 rejected_key=data.rejected_key, allow_empty_response=data.allow_empty_response,
+                                 keep_ties=data.keep_ties, on_error=data.on_error, split=data.split)
+    tokenized = tokenize_demonstrations(loaded.records, tokenizer, max_length, data.overlong, sft.assistant_only_loss,
+                                        sft.only_unmask_final, data.on_error)
+    report_data(ds, loaded, len(tokenized.items), "demonstration", tokenized.dropped,
+                [f"{tokenized.truncated} truncated to {max_length} tokens"])
+    return tokenized.items
+
+
+def load_policy_pairs(cfg, ds: DataSet, tokenizer) -> list[PolicyPair]:
+    """A preference file through rmkit's data layer (formats, validation, `on_error`), as a policy's pairs (DPO):
+    the prompt rendered as at generation."""
+    data, max_length = ds.data, cfg.policy.max_total_sequence_length
+    loaded = load_preference_data(
+        resolve_data_path(ds.path), format=data.format, prompt_key=data.prompt_key, chosen_key=data.chosen_key,
+        rejected_key=data.rejected_key, on_error=data.on_error, keep_ties=data.keep_ties,
+        allow_empty_response=data.allow_empty_response, split=data.split)
+    tokenized = tokenize_policy_pairs(loaded.records, tokenizer, max_length, overlong=data.overlong)
+    report_data(ds, loaded, len(tokenized.pairs), "pair", tokenized.dropped,
+                [f"{tokenized.truncated} truncated to {max_length} tokens"])
+    if tokenized.emptied and dist.is_main():
+        print(f"rmkit: warning: {ds.label}: {tokenized.emptied} of {len(tokenized.pairs)} prompts were cut to nothing "
+              f"(what is left is what every prompt is rendered with: policy.max_total_sequence_length={max_length} "
+              "leaves the responses all the room); raise policy.max_total_sequence_length, or set data.overlong=drop to "
+              "leave out every pair that does not fit", file=sys.stderr)
+    return tokenized.pairs
+
+
+@dataclass
+class PromptItem:
+    """A prompt, where it came from, and its token ids rendered with the policy's chat template."""
+
+    source: str
+    prompt: str | list[dict]
+    ids: list[int]
+
+
+def load_prompt_set(cfg, ds: DataSet, tokenizer) -> list[PromptItem]:
+    """The prompts of a data set rendered for the policy; prompts that leave no room for `max_new_tokens` within
+    `policy.max_total_sequence_length` are skipped (listed in its rejects file), as are bad records under
+    `data.on_error: skip`."""
+    data, budget = ds.data, cfg.policy.max_total_sequence_length - cfg.policy.generation.max_new_tokens
+    loaded = load_prompts(resolve_data_path(ds.path), data.format if data.format != "regression" else "prompts",
+                          prompt_key=data.prompt_key, chosen_key=data.chosen_key, rejected_key=data.rejected_key,
+                          on_error=data.on_error, split=data.split)
+    items, too_long = [], []
+    for prompt in loaded.records:
+        ids = render_prompt(tokenizer, prompt.prompt)
+        if len(ids) > budget:
+            too_long.append((prompt.source, f"the prompt has {len(ids)} tokens; with policy.generation.max_new_tokens "
+                                            f"it exceeds policy.max_total_sequence_length"))
+        else:
+            items.append(PromptItem(prompt.source, prompt.prompt, ids))
+    report_data(ds, loaded, len(items), "prompt", too_long)
+    skipped = loaded.skipped + too_long
+    if not items:
+        raise DataError(ds.path, None, None, f"no usable prompts ({len(skipped)} skipped, see {ds.rejects})"
+                        if skipped else "no prompts")
+    return items
