@@ -162,7 +162,7 @@ def train_rmkit(spec: dict, clock: harness.PhaseClock) -> str:
     from rmkit.recipes import dpo
     from rmkit.recipes.configs import DPOTree
 
-    load_pairs, trained = dpo.load_pairs, []
+    load_pairs, trained = dpo.load_policy_pairs, []
 
     def load_recorded_pairs(*args):
         pairs = load_pairs(*args)
@@ -170,7 +170,7 @@ def train_rmkit(spec: dict, clock: harness.PhaseClock) -> str:
         return pairs
 
     clock.watch_loaded(dpo, before_training="reference")
-    dpo.load_pairs = load_recorded_pairs
+    dpo.load_policy_pairs = load_recorded_pairs
     dpo.weights_digest = clock.timed(dpo.weights_digest, "weights_hash")
     overrides = [
         f"policy.model_name={spec['policy_dir']}", f"data.train_data_path={spec['pairs_jsonl']}",

@@ -191,9 +191,7 @@ def train_rmkit(spec: dict, clock: harness.PhaseClock) -> list[float]:
     from rmkit.recipes import grpo
 
     clock.watch_loaded(grpo)
-    grpo.generate_rollout = clock.timed(grpo.generate_rollout, "generation")
-    grpo.score_rollout = clock.timed(grpo.score_rollout, "reward_calculation")
-    grpo.batch_logprobs = clock.timed(grpo.batch_logprobs, "logprobs")
+    clock.watch_rl_phases(grpo)
     out = Path(spec["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.yaml").write_text(yaml.safe_dump(rmkit_config(spec), sort_keys=False))

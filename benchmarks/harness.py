@@ -97,6 +97,17 @@ class PhaseClock:
 
         recipe.load_training_policy = load_watched
 
+    def watch_rl_phases(self, recipe) -> None:
+        """Time an RL recipe's phases (`rmkit.recipes.grpo` or `ppo`): generation and reward calculation (in
+        `rmkit.rl.rollout`), the log-prob passes (the recipe's own and the reference's in `rmkit.rl.logprobs`);
+        module attributes replaced, as the recipe looks them up when it runs."""
+        from rmkit.rl import logprobs, rollout
+
+        rollout.generate_rollout = self.timed(rollout.generate_rollout, "generation")
+        rollout.score_rollout = self.timed(rollout.score_rollout, "reward_calculation")
+        timed_logprobs = self.timed(logprobs.batch_logprobs, "logprobs")
+        logprobs.batch_logprobs = recipe.batch_logprobs = timed_logprobs
+
     def timed(self, fn: Callable, name: str) -> Callable:
         """`fn`, each call of it a phase `name` (no phase is open after it returns)."""
         @functools.wraps(fn)

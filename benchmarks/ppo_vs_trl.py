@@ -305,10 +305,8 @@ def train_rmkit(spec: dict, clock: harness.PhaseClock) -> list[dict]:
     from rmkit.cli import main as rmkit_main
     from rmkit.recipes import ppo
 
-    ppo.generate_rollout = clock.timed(ppo.generate_rollout, "generation")
-    ppo.score_rollout = clock.timed(ppo.score_rollout, "reward_calculation")
+    clock.watch_rl_phases(ppo)
     ppo.batch_values = clock.timed(ppo.batch_values, "values")
-    ppo.batch_logprobs = clock.timed(ppo.batch_logprobs, "logprobs")
     out = Path(spec["out_dir"])
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.yaml").write_text(yaml.safe_dump(rmkit_config(spec), sort_keys=False))

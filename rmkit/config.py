@@ -42,7 +42,8 @@ class LoopConfig:
     val_at_start: bool = True
     """Validate before the first step (the untrained baseline)."""
     val_at_end: bool = True
-    """Validate after the last step."""
+    """Validate after the last step; false skips it only when the run has validated already (a run with validation
+    data and no validation yet validates at the end anyway)."""
     seed: int = 42
     """Seeds torch, Python and the batch sampler."""
     log_period: int = 10
@@ -171,7 +172,7 @@ class DTensorConfig:
     """`policy.dtensor_cfg.*` (NeMo RL's key): FSDP2 sharding (`torch.distributed.fsdp.fully_shard`) of
     parameters, gradients and optimizer state over the torchrun processes, instead of DDP's full copy
     on each. A single process (no torchrun, or `torchrun --nproc-per-node 1`) trains unsharded and writes
-    full checkpoints; sharded runs write sharded ones (`rmkit.trainer.sharded_checkpoint`), and either
+    full checkpoints; sharded runs write sharded ones (`rmkit.trainer.checkpointing.sharded`), and either
     resumes under any number of processes."""
 
     enabled: bool = False

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -32,7 +31,7 @@ from rmkit.distributed import all_reduce, is_distributed
 from rmkit.errors import ConfigError
 from rmkit.models.reward import load_reward_model, uses_last_token_pooling
 from rmkit.models.scoring import length_sorted_batches, score_sequences
-from rmkit.models.setup import autocast, resolve_model_name
+from rmkit.models.setup import autocast, check_length, loading_errors, model_source
 
 CONTRACT_FILE = "scoring_contract.json"
 CONTRACT_VERSION = 1
@@ -80,11 +79,10 @@ def check_reward_model_dir(name: str, key: str = "--model") -> str:
     with a `config.json` (or a LoRA `adapter_config.json`) whose architecture is not a causal LM, or a Hugging
     Face Hub id (`org/name`, with no part of it on disk). Else a ConfigError naming `key`: no such path, a
     file, a folder that is not a model, a causal LM (its score head would be random)."""
-    path = Path(resolve_model_name(name)).expanduser()
+    source = model_source(name, key)
+    path = Path(source)
     if not path.exists():
-        if re.fullmatch(r"[\w.-]+/[\w.-]+", name) and not Path(name.split("/")[0]).exists():
-            return name  # a Hub id: transformers fetches it (or says why not)
-        raise ConfigError(key, f"no such model directory: {name}")
+        return source  # a Hub id: transformers fetches it (or `loading_errors` says why not)
     hint = "give the final/ of `rmkit train`, or any Hugging Face sequence classifier"
     if not path.is_dir():
         raise ConfigError(key, f"{name} is a file, not a model directory ({hint})")
@@ -271,11 +269,13 @@ def load_scorer(model_dir: str | Path, device: str | torch.device = "cpu", dtype
     `max_length` overrides the contract's (an explicit choice; the default agrees on every path)."""
     if dtype not in DTYPES:
         raise ConfigError("dtype", f"must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    model, tokenizer = load_reward_model(model_dir, dtype=DTYPES[dtype])
+    with loading_errors(str(model_dir), "--model"):
+        model, tokenizer = load_reward_model(model_dir, dtype=DTYPES[dtype])
     model.to(device).eval()
     contract = read_contract(model_dir, model, tokenizer)
     if max_length is not None:
         if max_length < 2:
-            raise ConfigError("max_length", f"must be >= 2, got {max_length}")
+            raise ConfigError("--max-length", f"must be >= 2, got {max_length}")
+        check_length(model, max_length, str(model_dir), "--max-length")
         contract = replace(contract, max_length=max_length)
     return RewardScorer(model, tokenizer, contract, precision=precision, **batching)

@@ -1,4 +1,4 @@
-"""matplotlib behind the `plots` extra, for the training plots (`rmkit.trainer.plots`) and the eval report's
+"""matplotlib behind the `plots` extra, for the training plots (`rmkit.trainer.logging.plots`) and the eval report's
 figures (`rmkit.report.plots`)."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ SUBCOMMANDS = {
     "eval": ("rmkit.cli.eval", "validation metrics of a model on a preference file; --report: a RewardBench-style report"),
     "score": ("rmkit.cli.score", "write each record of a file back with its reward(s)"),
     "serve": ("rmkit.cli.serve", "HTTP scoring server for RL trainers"),
-    "data": ("rmkit.cli.data", "check and inspect preference data files"),
+    "data": ("rmkit.cli.data", "check and inspect data files (preference pairs, step-labelled solutions)"),
     "merge": ("rmkit.cli.merge", "average reward models fine-tuned from one base (WARM) into one"),
     "parity": ("rmkit.cli.parity", "score a file through every path and report the largest reward difference"),
     "grpo": ("rmkit.cli.recipes", "optimize a policy against a reward model with GRPO (configs/grpo_rm.yaml)"),

@@ -1,7 +1,9 @@
 """`rmkit data check FILE`: read a data file the way training will, report counts, token lengths,
 the padding a length-grouped batch would carry, and every problem (file:line: field: message).
 
-Exit status 0 when every record is usable, 2 when any is not (or the file cannot be read at all).
+A step-labelled file (a process reward model's data: `--format` one of the step formats, or sniffed from the
+first record under `auto`) gets its own counts: solutions, steps, labels correct / wrong / unlabelled, steps per
+solution. Exit status 0 when every record is usable, 2 when any is not (or the file cannot be read at all).
 """
 
 from __future__ import annotations
@@ -12,21 +14,30 @@ import statistics
 import sys
 
 from rmkit.data import (
+    AMBIGUOUS,
     FORMATS,
+    STEP_FORMATS,
     LoadResult,
+    detect_step_format,
     load_preference_data,
     load_regression_data,
+    load_step_data,
     loaded_line,
+    step_summary,
     write_rejects,
 )
+from rmkit.data.readers import first_record
+from rmkit.errors import UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rmkit data", description="Check and inspect preference data files.")
+    parser = argparse.ArgumentParser(prog="rmkit data", description="Check and inspect preference, regression and "
+                                                                     "step-labelled data files.")
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="validate a file and report counts, lengths and problems")
     check.add_argument("file", help=".jsonl / .json / .parquet file, save_to_disk folder or dataset name")
-    check.add_argument("--format", default="auto", choices=FORMATS + ("regression",))
+    check.add_argument("--format", default="auto", choices=FORMATS + ("regression",) + STEP_FORMATS[1:],
+                       help="the layout (default: sniffed from the first record)")
     check.add_argument("--split", default="train", help="split of a Hugging Face dataset")
     check.add_argument("--prompt-key", default="prompt")
     check.add_argument("--chosen-key", default="chosen")
@@ -40,6 +51,10 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--chat-template", help="a Jinja chat template file overriding the tokenizer's")
     check.add_argument("--max-length", type=int, default=1024, help="the training max length (default 1024)")
     check.add_argument("--batch-size", type=int, default=16, help="pairs per batch for the padding estimate")
+    check.add_argument("--ambiguous", choices=AMBIGUOUS, default="drop",
+                       help="step data: PRM800K's ambiguous rating 0 gives no label (drop) or a correct one")
+    check.add_argument("--step-separator", help="step data: a step holding this text is an error (backslash "
+                                                "escapes such as \\n are read)")
     check.add_argument("--rejects", help="write the unusable records to this JSON Lines file")
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
@@ -127,6 +142,9 @@ def print_report(report: dict) -> None:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    step_format = _step_format(args)
+    if step_format:
+        return check_steps(args, step_format)
     result = load(args)
     report = {
         "file": str(args.file),
@@ -139,14 +157,66 @@ def main(argv: list[str]) -> int:
     }
     if args.tokenizer and result.records:
         report["tokens"] = token_report(result, args)
+    return emit(args, report, result.skipped, print_report)
+
+
+def emit(args, report: dict, skipped: list, print_text) -> int:
+    """The rejects file (`--rejects`), then the report as JSON (`--json`) or text; exit status 2 when a record is
+    unusable."""
     if args.rejects:
-        write_rejects(args.rejects, result.skipped)
+        write_rejects(args.rejects, skipped)
     if args.json:
         json.dump(report, sys.stdout, indent=2, ensure_ascii=False)
         print()
     else:
-        print_report(report)
-    return 2 if result.errors else 0
+        print_text(report)
+    return 2 if report["problems"] else 0
+
+
+def _step_format(args) -> str | None:
+    """The step-labelled format to check the file as, or None for preference / regression data."""
+    if args.format in STEP_FORMATS[1:]:
+        return args.format
+    if args.format != "auto":
+        return None
+    first = first_record(args.file, args.split)
+    return detect_step_format(first) if first is not None else None
+
+
+def check_steps(args, format: str) -> int:
+    """A step-labelled file's report: solutions, steps, labels, steps per solution, problems."""
+    if args.tokenizer:
+        raise UserError("--tokenizer: token statistics cover preference and regression data, not step-labelled "
+                        f"data ({args.file} is in the {format} format)")
+    separator = args.step_separator
+    if separator and "\\" in separator:  # "\n" typed at a shell; any other character is kept as it is
+        separator = separator.encode("latin-1", "backslashreplace").decode("unicode_escape")
+    result = load_step_data(args.file, format, ambiguous=args.ambiguous, step_separator=separator,
+                            on_error="skip", split=args.split)
+    summary = step_summary(result.records)
+    report = {"file": str(args.file), "format": result.format, "kind": "solutions", "records": summary["solutions"],
+              "steps": summary["steps"], "labels": summary["labels"], "steps_per_solution": summary["steps_per_solution"],
+              "repeated_rows": result.repeated, "ambiguous": args.ambiguous, "problems": result.errors,
+              "warnings": result.warnings}
+    return emit(args, report, result.skipped, print_step_report)
+
+
+def print_step_report(report: dict) -> None:
+    print(loaded_line(report["file"], report["records"], "solution", report["format"]))
+    labels = report["labels"]
+    print(f"  steps: {report['steps']} (correct {labels['correct']}, wrong {labels['wrong']}, "
+          f"unlabelled {labels['unlabelled']})")
+    lengths = report["steps_per_solution"]
+    if lengths:
+        print(f"  steps per solution: min {lengths['min']}, median {lengths['median']:g}, max {lengths['max']}")
+    if report["repeated_rows"]:
+        print(f"  {_count(report['repeated_rows'], 'repeated row')} merged (the same step, steps before it and "
+              "rating as a row read before)")
+    for source, message in report["warnings"]:
+        print(f"warning: {source}: {message}")
+    for source, message in report["problems"]:
+        print(f"error: {source}: {message}")
+    print(f"{_count(len(report['problems']), 'problem')}, {_count(len(report['warnings']), 'warning')}")
 
 
 def _count(n: int, noun: str) -> str:

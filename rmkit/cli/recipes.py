@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import shlex
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import yaml
 
@@ -19,24 +21,24 @@ from rmkit.config import config_to_dict, load_config
 
 _REWARD_MODEL_USE = """
 Use it:
-  rmkit eval  --model {d} --data FILE.jsonl
-  rmkit score --model {d} --input FILE.jsonl --output scored.jsonl
-  rmkit serve --model {d}
+  rmkit eval  --model {q} --data {data}
+  rmkit score --model {q} --input {data} --output scored.jsonl
+  rmkit serve --model {q}
   python -c "from transformers import AutoModelForSequenceClassification as M, AutoTokenizer as T; \\
-m = M.from_pretrained('{d}'); t = T.from_pretrained('{d}'); \\
+m = M.from_pretrained({p}); t = T.from_pretrained({p}); \\
 print(m(**t('Question? Answer.', return_tensors='pt')).logits)"
 """
 _POLICY_USE = """
 Use it:
   python -c "from transformers import AutoModelForCausalLM as M, AutoTokenizer as T; \\
-m = M.from_pretrained('{d}'); t = T.from_pretrained('{d}'); \\
+m = M.from_pretrained({p}); t = T.from_pretrained({p}); \\
 print(t.decode(m.generate(**t.apply_chat_template([{{'role': 'user', 'content': 'Hi'}}], add_generation_prompt=True, \\
 return_tensors='pt', return_dict=True), max_new_tokens=32)[0]))"
 """
 _PLAIN_POLICY_USE = """
 Use it (the tokenizer has no chat template: prompt it as rmkit did, "User: ...\\nAssistant:"):
   python -c "from transformers import AutoModelForCausalLM as M, AutoTokenizer as T; \\
-m = M.from_pretrained('{d}'); t = T.from_pretrained('{d}'); \\
+m = M.from_pretrained({p}); t = T.from_pretrained({p}); \\
 print(t.decode(m.generate(**t('User: Hi\\nAssistant:', return_tensors='pt'), max_new_tokens=32)[0]))"
 """
 
@@ -58,7 +60,8 @@ class Recipe:
     saved: str
     """What `final/` holds, in words."""
     use: str
-    """How to use it, with `{d}` for the folder."""
+    """How to use it: `{q}` the folder quoted for the shell, `{p}` as a Python string, `{data}` a preference file
+    (the run's first validation file, quoted)."""
 
 
 RECIPES = {
@@ -141,7 +144,7 @@ def main(name: str, argv: list[str]) -> int:
         print(f"rmkit: trained {_steps(result.steps)} at {result.rates[recipe.rate]:.2f} {recipe.rate}, "
               f"{result.rates['tokens/s']:.0f} tokens/s (training only; validation and one-off passes excluded)",
               file=sys.stderr)
-    from rmkit.trainer.run_log import summary
+    from rmkit.trainer.logging.run_logger import summary
 
     if shown := summary(result.val_metrics, recipe.shown):
         print(f"rmkit: final validation: {shown}", file=sys.stderr)
@@ -150,8 +153,19 @@ def main(name: str, argv: list[str]) -> int:
           f"  logs and metrics: {result.log_dir}/metrics.jsonl (tensorboard --logdir {result.log_dir})\n"
           + (f"  sample generations: {result.log_dir}/samples.jsonl\n" if recipe.saved == "Policy" else "")
           + f"  plots:            {', '.join(str(p) for p in result.plots) or '(none)'}\n"
-          + (_PLAIN_POLICY_USE if recipe.use is _POLICY_USE and not _has_chat_template(d) else recipe.use).format(d=d))
+          + (_PLAIN_POLICY_USE if recipe.use is _POLICY_USE and not _has_chat_template(d) else recipe.use).format(
+              q=shlex.quote(str(d)), p=repr(str(d)), data=_validation_file(cfg)))
     return 0
+
+
+def _validation_file(cfg) -> str:
+    """The run's first validation file, absolute and quoted for the shell (FILE.jsonl when it has none)."""
+    from rmkit.trainer.datasets import resolve_data_path
+
+    paths = list(cfg.data.val_data_paths.values())
+    if not paths or not Path(resolve_data_path(paths[0])).is_file():
+        return "FILE.jsonl"
+    return shlex.quote(str(Path(resolve_data_path(paths[0])).resolve()))
 
 
 def _has_chat_template(folder) -> bool:
@@ -170,7 +184,7 @@ def _steps(n: int) -> str:
 
 def _last_checkpoint(checkpoint_dir) -> str:
     """Where a stopped run can continue from, in words."""
-    from rmkit.trainer.checkpoint import latest_valid_checkpoint
+    from rmkit.trainer.checkpointing.files import latest_valid_checkpoint
 
     path = latest_valid_checkpoint(checkpoint_dir, warn=lambda _: None) if checkpoint_dir else None
     if path is None:

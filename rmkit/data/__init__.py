@@ -6,6 +6,9 @@
     write_rejects("rejects.jsonl", result.skipped)
 
 Bad input raises `rmkit.errors.DataError` naming file, line (or record index) and field.
+
+Step-labelled solutions for process reward models (`rmkit.data.steps`): `load_step_data(path)` reads TRL's
+stepwise supervision, PRM800K, ProcessBench and PRMBench into `StepSolution`s the same way.
 """
 
 from rmkit.data.formats import FORMATS
@@ -18,8 +21,19 @@ from rmkit.data.load import (
     write_rejects,
 )
 from rmkit.data.records import MISSING_LABEL, Message, PreferencePair, RegressionExample
+from rmkit.data.steps import (
+    AMBIGUOUS,
+    STEP_FORMATS,
+    StepLoadResult,
+    StepSolution,
+    detect_step_format,
+    load_step_data,
+    step_summary,
+)
 
 __all__ = [
     "FORMATS", "MISSING_LABEL", "LoadResult", "Message", "PreferencePair", "RegressionExample",
     "load_preference_data", "load_regression_data", "load_validation_sets", "loaded_line", "write_rejects",
+    "AMBIGUOUS", "STEP_FORMATS", "StepLoadResult", "StepSolution", "detect_step_format", "load_step_data",
+    "step_summary",
 ]

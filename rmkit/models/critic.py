@@ -10,7 +10,6 @@ the head's output minus it. A PPO run sets it on its first rollout (`value.calib
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from transformers import AutoConfig
 
 from rmkit.errors import ConfigError
 from rmkit.models.reward import find_gguf_file, load_reward_model, uses_last_token_pooling
-from rmkit.models.setup import resolve_model_name
+from rmkit.models.setup import model_source
 from rmkit.models.shared_prefix import Group, grouped_attention, layout_for, packed_inputs, unshared_layout
 from rmkit.wrappers import transformers_model
 
@@ -108,9 +107,8 @@ class ActorCritic(torch.nn.Module):
 def check_critic_path(name: str, key: str) -> None:
     """A ConfigError naming `key` when `name` (a packaged alias resolved) is neither on disk nor a Hugging Face
     Hub id (`org/name`, no part of it on disk): checked before any model loads."""
-    if Path(resolve_model_name(name)).expanduser().exists():
-        return
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", name) and not Path(name.split("/")[0]).exists():
-        return
-    raise ConfigError(key, f"no such model directory: {name} (give a decoder reward model, a causal LM, or null to "
-                           "let rmkit choose)")
+    try:
+        model_source(name, key)
+    except ConfigError as err:
+        raise ConfigError(key, f"{err.message} (give a decoder reward model, a causal LM, or null to let rmkit "
+                               "choose)") from None

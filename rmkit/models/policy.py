@@ -58,9 +58,11 @@ def warn_plain_prompts(name: str) -> None:
 def load_training_policy(policy, device: torch.device):
     """`(model, tokenizer)` for a recipe that trains a policy: `policy.model_name` (a `PolicyConfig`) with its
     tokenizer options, then `prepare_model` (dropout off, freezing, LoRA adapters), on `device`, in train mode."""
-    from rmkit.models.setup import prepare_model, resolve_model_name
+    from rmkit.models.setup import loading_errors, model_source, prepare_model, resolve_model_name
 
-    model, tokenizer = load_policy_model(resolve_model_name(policy.model_name), chat_template=policy.tokenizer.chat_template)
+    with loading_errors(policy.model_name, "policy.model_name"):
+        model, tokenizer = load_policy_model(model_source(policy.model_name, "policy.model_name"),
+                                             chat_template=policy.tokenizer.chat_template)
     if policy.tokenizer.name is not None:
         tokenizer = load_tokenizer(resolve_model_name(policy.tokenizer.name), policy.tokenizer.chat_template)
         ensure_policy_pad_token(model, tokenizer)

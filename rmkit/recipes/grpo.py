@@ -46,8 +46,8 @@ from rmkit.rl.policy_update import clipped_fraction, mean_over_updates
 from rmkit.rl.rollout import check_rollout_split, rollout_metrics, sample_and_score, training_batch
 from rmkit.trainer.accumulate import accumulate
 from rmkit.trainer.export import export_policy
+from rmkit.trainer.lifecycle import RunResult, start_run
 from rmkit.trainer.loop import RecipeParts, StepReport, apply_update, fit, start_state
-from rmkit.trainer.run import RunResult, start_run
 from rmkit.trainer.sharding import shard_policy
 
 

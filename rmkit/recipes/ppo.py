@@ -78,6 +78,7 @@ from rmkit.rl.rollout import (
 )
 from rmkit.trainer.accumulate import accumulate
 from rmkit.trainer.export import export_policy, save_hf_model
+from rmkit.trainer.lifecycle import RunResult, start_run
 from rmkit.trainer.loop import RecipeParts, StepReport, check_finite, fit
 from rmkit.trainer.optim import (
     clip_gradients,
@@ -87,7 +88,6 @@ from rmkit.trainer.optim import (
     schedule_by_model,
     step_optimizer,
 )
-from rmkit.trainer.run import RunResult, start_run
 from rmkit.trainer.sharding import shard_policy, shard_reward_model
 from rmkit.trainer.state import TrainState
 

@@ -31,14 +31,22 @@ from rmkit.models.reward_forward import (
     length_grouped_rewards,
     pair_rewards,
 )
-from rmkit.models.setup import RewardForward, autocast, prepare_model, resolve_model_name
+from rmkit.models.setup import (
+    RewardForward,
+    autocast,
+    check_length,
+    loading_errors,
+    model_source,
+    prepare_model,
+    resolve_model_name,
+)
 from rmkit.trainer.accumulate import accumulate, global_metrics, plan_micro_batches
 from rmkit.trainer.datasets import item_tokens, load_run_data, make_sampler
 from rmkit.trainer.export import export_model, reward_stats
+from rmkit.trainer.lifecycle import RunResult, start_run
+from rmkit.trainer.logging.plots import plot_reward_histograms, plot_training_curves
+from rmkit.trainer.logging.run_logger import RunLogger
 from rmkit.trainer.loop import RecipeParts, StepReport, fit, start_state, update
-from rmkit.trainer.plots import plot_reward_histograms, plot_training_curves
-from rmkit.trainer.run import RunResult, start_run
-from rmkit.trainer.run_log import RunLogger
 from rmkit.trainer.sharding import shard_reward_model
 from rmkit.trainer.state import total_steps
 from rmkit.validation import validate, validate_regression
@@ -50,9 +58,11 @@ SHOWN = ("/loss", "/acc")  # the headline validation metrics printed during a ru
 def load_model(cfg: Config, device: torch.device):
     """`(model, tokenizer)`: the backbone as a reward model with the policy's options applied."""
     policy = cfg.policy
-    name = resolve_model_name(policy.model_name)
-    model, tokenizer = load_reward_model(name, num_labels=policy.reward_model_cfg.num_labels,
-                                         chat_template=policy.tokenizer.chat_template)
+    with loading_errors(policy.model_name, "policy.model_name"):
+        model, tokenizer = load_reward_model(model_source(policy.model_name, "policy.model_name"),
+                                             num_labels=policy.reward_model_cfg.num_labels,
+                                             chat_template=policy.tokenizer.chat_template)
+    check_length(model, policy.max_total_sequence_length, policy.model_name, "policy.max_total_sequence_length")
     if policy.tokenizer.name is not None:
         tokenizer = load_tokenizer(resolve_model_name(policy.tokenizer.name), policy.tokenizer.chat_template)
         ensure_pad_token(model, tokenizer)

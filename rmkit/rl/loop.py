@@ -16,9 +16,9 @@ from rmkit.rl.guards import HackingWatch, KLCoefficient
 from rmkit.rl.rollout import rollout_sources
 from rmkit.rl.validation import run_validation, warn
 from rmkit.trainer.datasets import PromptItem
+from rmkit.trainer.lifecycle import Run
+from rmkit.trainer.logging.plots import plot_curves
 from rmkit.trainer.loop import StepReport
-from rmkit.trainer.plots import plot_curves
-from rmkit.trainer.run import Run
 from rmkit.trainer.state import total_steps
 
 CURVES = {"reward": ["train/reward", "validation/reward_mean"], "KL to the reference": ["train/kl_penalty"],

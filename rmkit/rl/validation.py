@@ -13,7 +13,7 @@ from rmkit import distributed as dist
 from rmkit.errors import TrainingDiverged
 from rmkit.rl.guards import HackingWatch
 from rmkit.rl.rollout import generate_rollout, score_rollout
-from rmkit.trainer.run_log import RunLogger, append_samples
+from rmkit.trainer.logging.run_logger import RunLogger, append_samples
 
 
 def run_validation(loop, model, tokenizer, env, val_sets: dict[str, list], params, logger: RunLogger, log_dir: Path,

@@ -102,6 +102,21 @@ def report_data(ds: DataSet, loaded: LoadResult, count: int, noun: str, dropped:
           + (f"; {', '.join(notes)}" if notes else ""), file=sys.stderr)
 
 
+def check_identical(ds: DataSet, pairs: Sequence) -> None:
+    """Pairs whose chosen and rejected responses are the same text teach a preference nothing (their loss has no
+    gradient): a warning naming the first (rank 0), and a DataError when every pair of a training file is one."""
+    identical = [p for p in pairs if p.chosen == p.rejected]
+    if not identical:
+        return
+    if len(identical) == len(pairs) and ds.label == "train":
+        raise DataError(ds.path, None, None, f"every one of its {len(pairs)} pairs has identical chosen and rejected "
+                        "responses: there is no preference to learn (check data.chosen_key and data.rejected_key)")
+    if dist.is_main():
+        print(f"rmkit: warning: {ds.label}: {len(identical)} of {len(pairs)} pairs have identical chosen and rejected "
+              f"responses (first: {identical[0].source}); they carry no preference: fix or drop them "
+              f"(`rmkit data check {ds.path} --identical error` lists them)", file=sys.stderr)
+
+
 def _load_and_tokenize(cfg: Config, ds: DataSet, tokenizer, truncation: str) -> list:
     data, path = ds.data, ds.path
     max_length = cfg.policy.max_total_sequence_length
@@ -118,6 +133,7 @@ def _load_and_tokenize(cfg: Config, ds: DataSet, tokenizer, truncation: str) -> 
             chosen_key=data.chosen_key, rejected_key=data.rejected_key, on_error=data.on_error,
             keep_ties=data.keep_ties, allow_empty_response=data.allow_empty_response, split=data.split,
         )
+        check_identical(ds, loaded.records)
         tokenized = tokenize_pairs(loaded.records, tokenizer, max_length, overlong=data.overlong, truncation=truncation)
         items = tokenized.pairs
     noun = "example" if cfg.policy.reward_model_cfg.reward_model_type == "regression" else "pair"
@@ -200,6 +216,7 @@ def load_policy_pairs(cfg, ds: DataSet, tokenizer) -> list[PolicyPair]:
         resolve_data_path(ds.path), format=data.format, prompt_key=data.prompt_key, chosen_key=data.chosen_key,
         rejected_key=data.rejected_key, on_error=data.on_error, keep_ties=data.keep_ties,
         allow_empty_response=data.allow_empty_response, split=data.split)
+    check_identical(ds, loaded.records)
     tokenized = tokenize_policy_pairs(loaded.records, tokenizer, max_length, overlong=data.overlong)
     report_data(ds, loaded, len(tokenized.pairs), "pair", tokenized.dropped,
                 [f"{tokenized.truncated} truncated to {max_length} tokens"])

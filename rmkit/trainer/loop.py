@@ -29,11 +29,11 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.errors import TrainingDiverged
+from rmkit.trainer.checkpointing.loop_state import restore_rng, save_training_checkpoint
+from rmkit.trainer.lifecycle import Run, RunResult, finish_run, resume
+from rmkit.trainer.logging.progress import ProgressBar, StepWindow
+from rmkit.trainer.logging.run_logger import announce, summary
 from rmkit.trainer.optim import build_optimizer, build_scheduler, learning_rate, optimizer_step
-from rmkit.trainer.progress import ProgressBar, StepWindow
-from rmkit.trainer.resume import restore_rng, save_training_checkpoint
-from rmkit.trainer.run import Run, RunResult, finish_run, resume
-from rmkit.trainer.run_log import announce, summary
 from rmkit.trainer.state import TrainState
 
 

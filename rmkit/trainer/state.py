@@ -1,7 +1,7 @@
 """The loop's state in one place, and how a run starts (threads, seeds); the optimizer and schedule are in
 `rmkit.trainer.optim`.
 
-`rmkit.trainer.checkpoint` saves and restores a `TrainState` (with every rank's RNG) exactly.
+`rmkit.trainer.checkpointing.files` saves and restores a `TrainState` (with every rank's RNG) exactly.
 """
 
 from __future__ import annotations

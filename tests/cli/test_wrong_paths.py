@@ -92,3 +92,64 @@ def test_every_recipe_checks_its_data_paths_before_any_model_loads(recipe, tmp_p
     assert cli.main(args) == 2
     assert _error(capsys) == (f"rmkit {recipe}: error: config key 'data.train_data_path': no such file or dataset "
                               f"directory: {tmp_path / 'nothing_here'}")
+
+
+@pytest.mark.parametrize("recipe", ["train", "sft", "dpo"])
+def test_a_training_model_that_does_not_exist_is_one_line_before_anything_loads(recipe, tmp_path, pairs, capsys):
+    """A typo'd local model path was a transformers OSError traceback after the data loaded."""
+    missing = str(tmp_path / "models" / "x")
+    assert cli.main([recipe, f"policy.model_name={missing}", f"data.train_data_path={pairs}",
+                     f"checkpointing.checkpoint_dir={tmp_path / 'out'}"]) == 2
+    err = _error(capsys)
+    assert err.startswith(f"rmkit {recipe}: error: config key 'policy.model_name': no such model directory: {missing}")
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+def test_a_hub_id_that_cannot_be_loaded_is_one_line(command, tmp_path, pairs):
+    """`org/x` looks like a Hub id, so it is tried; when it cannot be had the reason is one line naming the key."""
+    import os
+    import subprocess
+    import sys
+
+    argv = (["train", "policy.model_name=rmkit-test-org/no-such-model", f"data.train_data_path={pairs}",
+             f"checkpointing.checkpoint_dir={tmp_path / 'out'}"] if command == "train"
+            else ["eval", "--model", "rmkit-test-org/no-such-model", "--data", str(pairs)])
+    key = "policy.model_name" if command == "train" else "--model"
+    done = subprocess.run([sys.executable, "-m", "rmkit", *argv], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert f"config key '{key}': cannot load rmkit-test-org/no-such-model: " in done.stderr.strip().splitlines()[-1]
+
+
+def test_a_length_over_the_models_positions_is_refused_up_front(tiny_encoder, tmp_path, pairs, capsys):
+    """MiniLM-like encoders learn 512 positions: 1024 was accepted, then crashed in a tensor-size traceback."""
+    assert cli.main(["train", f"policy.model_name={tiny_encoder}", f"data.train_data_path={pairs}",
+                     "policy.max_total_sequence_length=1024", f"checkpointing.checkpoint_dir={tmp_path / 'out'}"]) == 2
+    err = _error(capsys)
+    assert err.startswith("rmkit train: error: config key 'policy.max_total_sequence_length': 1024 tokens is more than ")
+    assert "it has 512 learned positions; set policy.max_total_sequence_length to 512 or less" in err
+    assert cli.main(["eval", "--model", tiny_encoder, "--data", str(pairs), "--max-length", "1024"]) == 2
+    assert "config key '--max-length': 1024 tokens is more than " in _error(capsys)
+
+
+def test_training_on_pairs_whose_sides_are_identical_says_so(tiny_decoder, tmp_path, capsys):
+    """`train` said nothing when chosen == rejected (only `data check` warned): some such pairs are a warning naming
+    the first, a file of nothing else is refused."""
+    import json
+
+    rows = [{"prompt": f"q{i}", "chosen": f"good {i}", "rejected": f"good {i}" if i < 2 else f"bad {i}"} for i in range(8)]
+    some = tmp_path / "some.jsonl"
+    some.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = [f"policy.model_name={tiny_decoder}", "rm.max_num_steps=1", "policy.train_global_batch_size=4",
+              "policy.train_micro_batch_size=4", "policy.max_total_sequence_length=32", "logger.plots=false",
+              "logger.tensorboard=false", "logger.progress_bar=false", "data.val_data_paths={}"]
+    assert cli.main(["train", *common, f"data.train_data_path={some}", f"checkpointing.checkpoint_dir={tmp_path / 'a'}"]) == 0
+    err = capsys.readouterr().err
+    assert (f"rmkit: warning: train: 2 of 8 pairs have identical chosen and rejected responses (first: {some}:1)"
+            in err)
+    every = tmp_path / "every.jsonl"
+    every.write_text("".join(json.dumps({**r, "rejected": r["chosen"]}) + "\n" for r in rows))
+    assert cli.main(["train", *common, f"data.train_data_path={every}", f"checkpointing.checkpoint_dir={tmp_path / 'b'}"]) == 2
+    assert _error(capsys) == (f"rmkit train: error: {every}: every one of its 8 pairs has identical chosen and rejected "
+                              "responses: there is no preference to learn (check data.chosen_key and data.rejected_key)")

@@ -124,7 +124,7 @@ def test_divergence_stops_the_run_naming_the_step(tiny_policy, tiny_reward_model
     traceback, no final/, and step 1's checkpoint intact."""
     from rmkit.recipes import grpo
     from rmkit.rl import rollout
-    from rmkit.trainer.checkpoint import verify_checkpoint
+    from rmkit.trainer.checkpointing.files import verify_checkpoint
 
     if fault == "nan_weights":  # the policy's weights turn NaN before step 2's rollout: its logits follow
         def poison(model, *rest):

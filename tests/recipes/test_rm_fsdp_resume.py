@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from rmkit import cli
-from rmkit.trainer.checkpoint import read_manifest
+from rmkit.trainer.checkpointing.files import read_manifest
 from tests.recipes.test_rm_ddp import assert_close_runs
 from tests.recipes.test_rm_resume import assert_bitwise_equal, logged_steps, metrics, rmkit_train, weights
 from tests.support.launch import CHILD_ENV, kill_all, start_torchrun, torchrun

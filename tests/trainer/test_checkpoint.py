@@ -15,7 +15,7 @@ import torch
 import yaml
 from transformers import AutoModelForSequenceClassification, LlamaConfig, LlamaForSequenceClassification
 
-from rmkit.trainer import checkpoint as ckpt
+from rmkit.trainer.checkpointing import files as ckpt
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,7 +53,7 @@ def assert_same_weights(a, b):
 
 def test_sharded_layout_round_trip_in_one_process(tmp_path):
     # The sharded layout (DCP files) without a process group: what a 2 -> 1 resume reads, bitwise here.
-    from rmkit.trainer.sharded_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
+    from rmkit.trainer.checkpointing.sharded import load_sharded_checkpoint, save_sharded_checkpoint
 
     model = tiny_model()
     optimizer, scheduler = make_optim(model)
@@ -71,7 +71,7 @@ def test_sharded_layout_round_trip_in_one_process(tmp_path):
         ckpt.restore_rng_state(state["rng"][0])
         train_step(resumed, opt2, sched2)
         assert_same_weights(model, resumed)
-    with pytest.raises(ValueError, match="is sharded .* load it with rmkit.trainer.sharded_checkpoint"):
+    with pytest.raises(ValueError, match="is sharded .* load it with rmkit.trainer.checkpointing.sharded"):
         ckpt.load_checkpoint(path, model=tiny_model())
     shard = next(path.glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:-10])
@@ -163,7 +163,7 @@ def test_sigkill_mid_write_leaves_previous_checkpoint(tmp_path):
     # A real process killed while writing step_2 (after its weights, before the manifest and rename).
     script = textwrap.dedent(f"""
         import os, signal, torch
-        from rmkit.trainer import checkpoint as ckpt
+        from rmkit.trainer.checkpointing import files as ckpt
         model = torch.nn.Linear(64, 64)  # plain torch: no transformers import, a quick subprocess
         ckpt.save_checkpoint({str(tmp_path)!r}, 1, model=model)
         def die(*a, **k):

@@ -9,7 +9,7 @@ import pytest
 
 from rmkit.config import MlflowConfig, WandbConfig
 from rmkit.errors import ConfigError
-from rmkit.trainer.trackers import MlflowLogger, build_loggers
+from rmkit.trainer.logging.trackers import MlflowLogger, build_loggers
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 METRICS = [
@@ -20,7 +20,7 @@ METRICS = [
 
 def test_nothing_enabled_imports_nothing():
     code = (
-        "import sys; from rmkit.trainer.trackers import build_loggers;"
+        "import sys; from rmkit.trainer.logging.trackers import build_loggers;"
         "assert build_loggers(None, {'enabled': False}, '.') == [];"
         "assert 'wandb' not in sys.modules and 'mlflow' not in sys.modules"
     )

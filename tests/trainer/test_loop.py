@@ -1,10 +1,10 @@
-"""The loop's own bookkeeping (`rmkit.trainer.loop`, `rmkit.trainer.progress`); the loop itself runs in every
+"""The loop's own bookkeeping (`rmkit.trainer.loop`, `rmkit.trainer.logging.progress`); the loop itself runs in every
 recipe's CLI tests."""
 
 import torch
 
+from rmkit.trainer.logging.progress import StepWindow
 from rmkit.trainer.loop import Cadence
-from rmkit.trainer.progress import StepWindow
 
 
 def test_a_window_averages_each_metric_over_the_steps_that_reported_it():

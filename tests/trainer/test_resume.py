@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from rmkit.errors import ConfigError
-from rmkit.trainer import resume
-from rmkit.trainer.checkpoint import list_checkpoints
+from rmkit.trainer.checkpointing import loop_state as resume
+from rmkit.trainer.checkpointing.files import list_checkpoints
+from rmkit.trainer.logging.run_logger import rewind_jsonl
 
 
 @dataclass
@@ -113,7 +114,7 @@ def test_resolve_resume_choices(tmp_path, capsys):
     for _ in range(2):
         step(state)
         resume.save_training_checkpoint(cfg, state, {})
-    assert resume.resolve_resume(tmp_path, "never") is None  # fresh: rmkit.trainer.run moves them aside
+    assert resume.resolve_resume(tmp_path, "never") is None  # fresh: rmkit.trainer.lifecycle moves them aside
     assert resume.resolve_resume(tmp_path, str(tmp_path / "step_1")) == tmp_path / "step_1"
     (tmp_path / "step_2" / "optimizer.pt").write_bytes(b"")
     assert resume.resolve_resume(tmp_path, "auto") == tmp_path / "step_1"
@@ -127,16 +128,16 @@ def test_rewind_jsonl(tmp_path):
     records = [{"step": 1, "train/loss": 0.5}, {"step": 2, "train/loss": None}, {"step": 2, "validation-default/loss": 1.0},
                {"step": 3, "train/loss": 0.2}]  # fmt: skip
     log.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 4, "train/lo')  # cut by a kill
-    history = resume.rewind_jsonl(log, 2)
+    history = rewind_jsonl(log, 2)
     assert [json.loads(line) for line in log.read_text().splitlines()] == records[:3]
     assert history[0] == records[0] and math.isnan(history[1]["train/loss"])
-    assert resume.rewind_jsonl(tmp_path / "absent.jsonl", 2) == []
-    resume.rewind_jsonl(log, 2, revalidates=True)  # the validation record at step 2 goes too
+    assert rewind_jsonl(tmp_path / "absent.jsonl", 2) == []
+    rewind_jsonl(log, 2, revalidates=True)  # the validation record at step 2 goes too
     assert [json.loads(line) for line in log.read_text().splitlines()] == records[:2]
 
 
 def test_restore_rng_from_a_different_number_of_processes(capsys):
-    from rmkit.trainer.checkpoint import capture_rng_state
+    from rmkit.trainer.checkpointing.files import capture_rng_state
 
     torch.manual_seed(1)
     rank0 = capture_rng_state()

@@ -1,4 +1,4 @@
-"""Run bookkeeping every recipe shares (`rmkit.trainer.run`), through `rmkit train` on a tiny decoder: a fresh
+"""Run bookkeeping every recipe shares (`rmkit.trainer.lifecycle`), through `rmkit train` on a tiny decoder: a fresh
 run over an old output folder moves the old run aside instead of mixing with it, and a run killed while
 exporting leaves no half-written `final/`; `--resume` then finishes the export and leaves nothing behind."""
 
@@ -7,7 +7,7 @@ import json
 import pytest
 
 from rmkit.cli import main as rmkit_main
-from rmkit.trainer.checkpoint import verify_checkpoint
+from rmkit.trainer.checkpointing.files import verify_checkpoint
 
 
 def _args(model, pair_files, out, steps):
@@ -30,10 +30,11 @@ def test_a_fresh_run_over_an_old_folder_moves_the_old_run_aside(tiny_decoder, pa
     capsys.readouterr()
     assert rmkit_main(_args(tiny_decoder, pair_files, out, 1)) == 0
     err = capsys.readouterr().err
-    assert "held an earlier run (3 checkpoint(s), 1 log file(s))" in err and "starting fresh" in err
+    assert "held an earlier run (3 checkpoint(s), its final/ model, 1 log file(s))" in err and "starting fresh" in err
     assert _steps(out / "logs" / "metrics.jsonl") == [0, 1, 1]  # validation, train, validation: this run's only
     (aside,) = out.glob("replaced-*")
-    assert sorted(p.name for p in aside.iterdir()) == ["logs", "step_1", "step_2", "step_3"]
+    assert sorted(p.name for p in aside.iterdir()) == ["final", "logs", "step_1", "step_2", "step_3"]
+    assert (aside / "final" / "model.safetensors").is_file()  # the earlier run's trained model is kept
     assert _steps(aside / "logs" / "metrics.jsonl") == first_log
     assert sorted(p.name for p in out.glob("step_*")) == ["step_1"]  # --resume can only pick this run's
 
@@ -41,7 +42,7 @@ def test_a_fresh_run_over_an_old_folder_moves_the_old_run_aside(tiny_decoder, pa
 def test_runs_replaced_within_one_second_go_to_two_folders(tmp_path, monkeypatch):
     import time
 
-    from rmkit.trainer.run import set_aside_earlier_run
+    from rmkit.trainer.lifecycle import set_aside_earlier_run
 
     monkeypatch.setattr(time, "gmtime", lambda *_: time.struct_time((2026, 1, 2, 3, 4, 5, 4, 2, 0)))
     out = tmp_path / "run"
@@ -70,10 +71,45 @@ def test_a_kill_during_export_leaves_no_half_final_and_resume_finishes_it(tiny_d
 
     monkeypatch.setattr(rm, "export_model", killed_while_writing)
     assert rmkit_main(_args(tiny_decoder, pair_files, out, 2)) == 130
-    final = out / "final"  # the earlier run's whole final/, or none: never one without weights
-    assert final.exists() == earlier_final and (not final.exists() or (final / "model.safetensors").is_file())
+    assert not (out / "final").exists()  # never a final/ without weights
+    if earlier_final:  # the earlier run's whole final/ was set aside, not overwritten
+        (aside,) = out.glob("replaced-*")
+        assert (aside / "final" / "model.safetensors").is_file()
     assert verify_checkpoint(out / "step_2") is None  # the last good checkpoint is whole
     monkeypatch.setattr(rm, "export_model", real_export)
     assert rmkit_main([*_args(tiny_decoder, pair_files, out, 2), "--resume"]) == 0
     assert (out / "final" / "model.safetensors").is_file()
     assert sorted(p.name for p in out.iterdir() if p.name.startswith("final")) == ["final"]
+
+
+def test_a_second_run_into_a_folder_in_use_is_refused_naming_the_holder(tiny_decoder, pair_files, tmp_path, capsys):
+    """Two runs into one folder at once would move each other's live logs away: the second is refused at once."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, sys, time; f = open(sys.argv[1], 'a+'); fcntl.flock(f, fcntl.LOCK_EX); "
+        "f.write('pid 4242 on elsewhere, since then'); f.flush(); print('held', flush=True); time.sleep(120)"),
+        str(out / ".rmkit-run.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        assert rmkit_main(_args(tiny_decoder, pair_files, out, 1)) == 2
+    finally:
+        holder.kill()
+        holder.wait()
+    err = capsys.readouterr().err
+    assert f"config key 'checkpointing.checkpoint_dir': {out} is in use by another run (pid 4242 on elsewhere" in err
+    assert "Traceback" not in err and not list(out.glob("step_*"))
+    assert rmkit_main(_args(tiny_decoder, pair_files, out, 1)) == 0  # once it is gone, the folder is free
+    assert not (out / ".rmkit-run.lock").exists()  # a finished run lets the folder go
+
+
+def test_a_checkpoint_folder_that_cannot_be_written_is_one_line(tiny_decoder, pair_files, tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    assert rmkit_main(_args(tiny_decoder, pair_files, blocker / "run", 1)) == 2
+    err = capsys.readouterr().err
+    assert f"config key 'checkpointing.checkpoint_dir': cannot write to {blocker / 'run'} (Not a directory)" in err
+    assert "Traceback" not in err

@@ -10,7 +10,10 @@
 
 from __future__ import annotations
 
+import fcntl
+import os
 import shutil
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -22,10 +25,15 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.config import save_config
-from rmkit.trainer.checkpoint import list_checkpoints
+from rmkit.errors import ConfigError
+from rmkit.trainer.checkpointing.files import list_checkpoints
+from rmkit.trainer.checkpointing.loop_state import (
+    resolve_resume,
+    restore_training_state,
+    save_training_checkpoint,
+)
 from rmkit.trainer.datasets import check_data_paths
-from rmkit.trainer.resume import resolve_resume, restore_training_state, save_training_checkpoint
-from rmkit.trainer.run_log import SAMPLES, open_logger
+from rmkit.trainer.logging.run_logger import SAMPLES, open_logger
 from rmkit.trainer.sharding import gather_full_model
 from rmkit.trainer.state import TrainState, seed_everything, set_threads
 
@@ -64,14 +72,19 @@ class RunResult:
 
 def start_run(cfg, loop) -> Run:
     """Threads, seeds (`loop.seed`), the process group under torchrun, the output folders and the saved
-    config. A fresh run over an old output folder first moves the old run's checkpoints and logs aside
-    (and says where), so nothing of the two runs mixes; a half-written `final/` is cleared."""
+    config. The output folder must be writable, and no other run may be using it (`hold_folder`). A fresh run over
+    an old output folder first moves the old run's checkpoints, `final/` and logs aside (and says where), so
+    nothing of the two runs mixes and no trained model is lost; a half-written `final/` is cleared."""
     check_data_paths(cfg.data)  # a wrong path fails before any model loads
     set_threads(cfg.policy.num_threads)
     seed_everything(loop.seed)
     info = dist.init_distributed()  # a no-op without torchrun; rank 0 alone writes and prints
     out_dir = Path(cfg.checkpointing.checkpoint_dir)
     log_dir = Path(cfg.logger.log_dir) if cfg.logger.log_dir else out_dir / "logs"
+    if dist.is_main():
+        hold_folder(out_dir, "checkpointing.checkpoint_dir")
+        if cfg.logger.log_dir:
+            hold_folder(log_dir, "logger.log_dir", lock=False)
     resume_from = resolve_resume(out_dir, cfg.checkpointing.resume)
     if dist.is_main():
         clear_partial_export(out_dir / "final")
@@ -82,12 +95,57 @@ def start_run(cfg, loop) -> Run:
     return Run(cfg, info, out_dir, log_dir, resume_from)
 
 
+LOCK = ".rmkit-run.lock"  # in a run's checkpoint folder while a run holds it (`hold_folder`)
+_held: dict[Path, Any] = {}  # the folders this process holds: a run that stopped keeps its lock until the process ends,
+# and the next run into the same folder in this process (a resume after a stop) takes it over
+
+
+def hold_folder(folder: Path, key: str, lock: bool = True) -> None:
+    """Make sure a run can write `folder` (the config key `key` names it) and, with `lock`, that no other run is
+    writing it: an exclusive lock on `<folder>/.rmkit-run.lock`, held until this process ends and naming its
+    holder. A folder that cannot be written, or one another run holds, is a ConfigError naming the key."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".rmkit-write-check-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as err:
+        raise ConfigError(key, f"cannot write to {folder} ({err.strerror}); give the run a folder it can write, "
+                          f"e.g. {key}=results/my_run") from None
+    path = (folder / LOCK).resolve()
+    if not lock or path in _held:
+        return
+    handle = path.open("a+", encoding="utf-8")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "another process"
+        handle.close()
+        raise ConfigError(key, f"{folder} is in use by another run ({holder}); wait for it to finish, or give this "
+                          f"run another folder ({key}=...)") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}")
+    handle.flush()
+    _held[path] = handle
+
+
+def release_folder(folder: Path) -> None:
+    """Let other runs into `folder` (a finished run's; `hold_folder`)."""
+    handle = _held.pop((folder / LOCK).resolve(), None)
+    if handle is not None:
+        (folder / LOCK).unlink(missing_ok=True)
+        handle.close()
+
+
 def set_aside_earlier_run(out_dir: Path, log_dir: Path) -> Path | None:
-    """Move an earlier run's checkpoints (`step_<N>`) and log files into `<out_dir>/replaced-<time>/`;
-    return that folder, or None when there was nothing to move."""
+    """Move an earlier run's checkpoints (`step_<N>`), its exported model (`final/`) and log files into
+    `<out_dir>/replaced-<time>/`; return that folder, or None when there was nothing to move."""
     checkpoints = [path for _, path in list_checkpoints(out_dir)]
+    final = [out_dir / "final"] if (out_dir / "final").is_dir() else []
     logs = sorted({p for pattern in LOG_FILES for p in log_dir.glob(pattern)}) if log_dir.is_dir() else []
-    if not checkpoints and not logs:
+    if not checkpoints and not final and not logs:
         return None
     stamp = time.strftime("replaced-%Y%m%d-%H%M%S", time.gmtime())
     aside, n = out_dir / stamp, 1
@@ -95,11 +153,12 @@ def set_aside_earlier_run(out_dir: Path, log_dir: Path) -> Path | None:
         n += 1
         aside = out_dir / f"{stamp}-{n}"
     (aside / "logs").mkdir(parents=True)
-    for path in checkpoints:
+    for path in checkpoints + final:
         path.rename(aside / path.name)
     for path in logs:
         path.rename(aside / "logs" / path.name)
-    print(f"rmkit: {out_dir} held an earlier run ({len(checkpoints)} checkpoint(s), {len(logs)} log file(s)); "
+    model = ", its final/ model" if final else ""
+    print(f"rmkit: {out_dir} held an earlier run ({len(checkpoints)} checkpoint(s){model}, {len(logs)} log file(s)); "
           f"moved them to {aside} and starting fresh (to continue that run instead: move them back and pass "
           "--resume)", file=sys.stderr)
     return aside
@@ -133,6 +192,7 @@ def finish_run(run: Run, state: TrainState, val_metrics: dict, tokenizer,
     model = gather_full_model(state.model, load_unsharded)
     if dist.is_main():
         export_atomically(final_dir, lambda folder: export(model, folder))
+        release_folder(run.out_dir)
     return final_dir
 
 

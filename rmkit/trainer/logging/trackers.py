@@ -1,6 +1,6 @@
 """Experiment-tracker backends: Weights & Biases and MLflow, each imported only when enabled.
 
-metrics.jsonl and TensorBoard live in `rmkit.trainer.run_log`; these two sit next to them with the same
+metrics.jsonl and TensorBoard live in `rmkit.trainer.logging.run_logger`; these two sit next to them with the same
 small interface, `log(metrics, step)` and `close()`, and are built by `build_loggers` on rank 0 only.
 
     logger:

@@ -1,6 +1,6 @@
 """What the training loop does with checkpoints: find the one to resume, restore it, save and prune.
 
-The files themselves are `rmkit.trainer.checkpoint`'s business; this module knows the loop's pieces
+The files themselves are `rmkit.trainer.checkpointing.files`'s business; this module knows the loop's pieces
 (model, optimizer, scheduler, sampler, step, epoch, per-rank RNG, the metrics log) and the
 `checkpointing` config. Every function is called on all ranks; only rank 0 touches the disk, except that
 every rank writes its own shards of a sharded (FSDP2) checkpoint and reads the ones it needs.
@@ -8,8 +8,6 @@ every rank writes its own shards of a sharded (FSDP2) checkpoint and reads the o
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.errors import ConfigError
-from rmkit.trainer.checkpoint import (
+from rmkit.trainer.checkpointing.files import (
     capture_rng_state,
     latest_valid_checkpoint,
     load_checkpoint,
@@ -27,7 +25,7 @@ from rmkit.trainer.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from rmkit.trainer.sharded_checkpoint import load_sharded_checkpoint, save_sharded_checkpoint
+from rmkit.trainer.checkpointing.sharded import load_sharded_checkpoint, save_sharded_checkpoint
 
 
 def checkpoint_metrics(metrics: dict) -> dict:
@@ -56,7 +54,7 @@ def resolve_resume(checkpoint_dir: str | Path, resume: str | None) -> Path | Non
 
 
 def _choose(checkpoint_dir: Path, resume: str | None) -> str | None:
-    if resume in (None, "never"):  # a fresh start (rmkit.trainer.run moves an earlier run's files aside)
+    if resume in (None, "never"):  # a fresh start (rmkit.trainer.lifecycle moves an earlier run's files aside)
         return None
     if resume == "auto":
         path = latest_valid_checkpoint(checkpoint_dir)
@@ -157,30 +155,3 @@ def _check_metric_name(metric_name: str | None, named: dict) -> None:
         f"({known}); checkpoints without it rank last, so keep_top_k keeps the most recent ones",
         file=sys.stderr,
     )
-
-
-def rewind_jsonl(path: Path, step: int, revalidates: bool = False) -> list[dict]:
-    """Drop the records after `step` from a run's JSONL log (`metrics.jsonl`, `samples.jsonl`: a killed run
-    logged past its last checkpoint) so the resumed run's log reads as one uninterrupted run; return the
-    records kept (the plot history).
-
-    `revalidates`: the resumed run validates at `step` again (it resumes from the run's last step, whose
-    checkpoint follows the final validation), so that step's validation records go too: a record is one
-    when it has a `validation...` key or a `completion` (a sample generation)."""
-    if not path.is_file():
-        return []
-    kept_lines, history = [], []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:  # a line cut short by the kill
-            continue
-        at = record.get("step", math.inf)
-        validation = "completion" in record or any(k.startswith("validation") for k in record)
-        if at <= step and not (revalidates and at == step and validation):
-            kept_lines.append(line)
-            history.append({k: (math.nan if v is None else v) for k, v in record.items()})
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in kept_lines), encoding="utf-8")
-    tmp.replace(path)
-    return history

@@ -1,5 +1,5 @@
 """Where a run's numbers go: `metrics.jsonl` (always), TensorBoard (when installed) and the tracker
-backends of `rmkit.trainer.trackers`; `open_logger` opens them for a run, fresh or resumed. Sample
+backends of `rmkit.trainer.logging.trackers`; `open_logger` opens them for a run, fresh or resumed. Sample
 generations, written at validation by every recipe that generates, go to `samples.jsonl` in one format
 (`append_samples`), rewound on resume by the same rule as the metrics."""
 
@@ -14,8 +14,7 @@ import torch
 
 from rmkit import distributed as dist
 from rmkit.config import Config, config_to_dict
-from rmkit.trainer.resume import rewind_jsonl
-from rmkit.trainer.trackers import build_loggers
+from rmkit.trainer.logging.trackers import build_loggers
 
 SAMPLES = "samples.jsonl"
 
@@ -26,7 +25,7 @@ class RunLogger:
 
     def __init__(self, log_dir: str | Path, tensorboard: bool = True, backends: list | None = None,
                  purge_step: int | None = None):
-        # backends: more sinks with `log(metrics, step)` / `close()` (W&B, MLflow: rmkit.trainer.trackers).
+        # backends: more sinks with `log(metrics, step)` / `close()` (W&B, MLflow: rmkit.trainer.logging.trackers).
         # purge_step: a resumed run drops TensorBoard events from this step on (the killed run's tail).
         self.backends = list(backends or [])
         self.log_dir = Path(log_dir)
@@ -92,6 +91,33 @@ def open_logger(cfg: Config, log_dir: Path, resumed_step: int | None, finished: 
                        purge_step=resumed_step + 1 if resumed else None)
     logger.history = history
     return logger
+
+
+def rewind_jsonl(path: Path, step: int, revalidates: bool = False) -> list[dict]:
+    """Drop the records after `step` from a run's JSONL log (`metrics.jsonl`, `samples.jsonl`: a killed run
+    logged past its last checkpoint) so the resumed run's log reads as one uninterrupted run; return the
+    records kept (the plot history).
+
+    `revalidates`: the resumed run validates at `step` again (it resumes from the run's last step, whose
+    checkpoint follows the final validation), so that step's validation records go too: a record is one
+    when it has a `validation...` key or a `completion` (a sample generation)."""
+    if not path.is_file():
+        return []
+    kept_lines, history = [], []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:  # a line cut short by the kill
+            continue
+        at = record.get("step", math.inf)
+        validation = "completion" in record or any(k.startswith("validation") for k in record)
+        if at <= step and not (revalidates and at == step and validation):
+            kept_lines.append(line)
+            history.append({k: (math.nan if v is None else v) for k, v in record.items()})
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept_lines), encoding="utf-8")
+    tmp.replace(path)
+    return history
 
 
 def append_samples(log_dir: Path, step: int, samples: list[dict]) -> Path:

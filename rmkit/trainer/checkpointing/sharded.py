@@ -4,7 +4,7 @@ Every rank writes its own shards of the model and optimizer state (`get_state_di
 they are, nothing gathered) into the temporary directory rank 0 opened; after a barrier rank 0 adds the
 loop's files (scheduler, trainer state with every rank's RNG, config, metrics) and the manifest, and
 renames the directory into place. Atomic writing, verification on resume and keep_top_k pruning are
-`rmkit.trainer.checkpoint`'s, unchanged. The checkpoint directory must be on a file system every rank sees.
+`rmkit.trainer.checkpointing.files`'s, unchanged. The checkpoint directory must be on a file system every rank sees.
 
 Loading reshards: DCP reads the saved shards into whatever this run's parameters are, so a checkpoint
 written by N processes resumes under M, a single unsharded process included. A full checkpoint (written
@@ -23,7 +23,7 @@ from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 
 from rmkit import distributed as dist
-from rmkit.trainer.checkpoint import (
+from rmkit.trainer.checkpointing.files import (
     finish_checkpoint,
     load_loop_state,
     read_manifest,
@@ -50,7 +50,7 @@ def load_sharded_checkpoint(path: str | Path, *, model: torch.nn.Module, optimiz
                             scheduler=None, verify: bool = True) -> dict:
     """Restore `model` and `optimizer` (sharded by FSDP2 or not) from a sharded checkpoint of any world
     size, or a sharded model from a full checkpoint; call on every rank. Returns the trainer state, as
-    `rmkit.trainer.checkpoint.load_checkpoint` does.
+    `rmkit.trainer.checkpointing.files.load_checkpoint` does.
 
     Raises:
         ValueError: when `verify` and the checkpoint fails `verify_checkpoint`.

@@ -15,7 +15,7 @@ Layout of `<checkpoint_dir>/step_<N>/`:
                          written last
 
 That is the "full" layout. A model sharded by FSDP2 writes the "sharded" layout instead
-(`rmkit.trainer.sharded_checkpoint`): model.safetensors, optimizer.pt, config.json and the tokenizer give
+(`rmkit.trainer.checkpointing.sharded`): model.safetensors, optimizer.pt, config.json and the tokenizer give
 way to torch.distributed.checkpoint's `.metadata` and one `__<rank>_0.distcp` per rank; the rest is the
 same, written by the same functions (`start_checkpoint`, then `finish_checkpoint`).
 
@@ -187,7 +187,7 @@ def finish_checkpoint(tmp: Path, step: int, *, scheduler=None, trainer_state: di
                       tokenizer=None, layout: str = "full", world_size: int = 1) -> Path:
     """Write the loop's files and the manifest into `tmp` (which already holds the weights), fsync, and
     rename it to `step_<step>` (rank 0). `layout` ("full": model.safetensors and optimizer.pt; "sharded":
-    `rmkit.trainer.sharded_checkpoint`) and the `world_size` that wrote it go into the manifest.
+    `rmkit.trainer.checkpointing.sharded`) and the `world_size` that wrote it go into the manifest.
     Arguments as in `save_checkpoint`; on any failure `tmp` is removed."""
     try:
         if tokenizer is not None:
@@ -349,7 +349,7 @@ def load_checkpoint(
         raise ValueError(f"checkpoint {path} is unusable: {problem}")
     if (manifest := read_manifest(path))["layout"] != "full":
         raise ValueError(f"checkpoint {path} is {manifest['layout']} (written by {manifest['world_size']} "
-                         "processes under FSDP2): load it with rmkit.trainer.sharded_checkpoint")
+                         "processes under FSDP2): load it with rmkit.trainer.checkpointing.sharded")
     bare = unwrap_model(model)
     missing, unexpected = load_model(
         bare, str(path / "model.safetensors"), strict=False, device=str(map_location)
