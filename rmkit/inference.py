@@ -69,6 +69,17 @@ class ScoringContract:
     """Their unbiased standard deviation."""
     version: int = CONTRACT_VERSION
     """Format version of this file."""
+    step_separator: str | None = None
+    """A process reward model's (None for any other): the text after every step of a solution; the step's score is
+    the head at the separator's last token."""
+    step_label: str | None = None
+    """What a step's score means (a process reward model: the sigmoid of the head is the probability that the step
+    is correct)."""
+    step_aggregation: str | None = None
+    """How a solution's step probabilities make one reward: `min`, `prod` or `last`."""
+
+
+STEP_FIELDS = ("step_separator", "step_label", "step_aggregation")  # written only when set
 
 
 CAUSAL_LM_ARCHITECTURES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
@@ -130,7 +141,8 @@ def contract_for(model, tokenizer, max_length: int, stats: dict | None = None) -
 def write_contract(contract: ScoringContract, model_dir: str | Path) -> Path:
     """Write `contract` as `scoring_contract.json` into `model_dir`; returns the file's path."""
     path = Path(model_dir) / CONTRACT_FILE
-    path.write_text(json.dumps(asdict(contract), indent=2) + "\n", encoding="utf-8")
+    values = {k: v for k, v in asdict(contract).items() if k not in STEP_FIELDS or v is not None}
+    path.write_text(json.dumps(values, indent=2) + "\n", encoding="utf-8")
     return path
 
 

@@ -20,6 +20,7 @@ import dataclasses
 import functools
 import importlib
 import inspect
+import json
 import re
 import sys
 import textwrap
@@ -94,7 +95,8 @@ def config_page() -> str:
              "anything loads, naming the key."]
     for name, recipe in RECIPES.items():
         tree = _load(recipe.tree)
-        parts += ["", f"## rmkit {name}", "", f"`{tree.__module__}.{tree.__name__}`: {_doc(tree)}"]
+        title = "rmkit train with a prm section (process reward models)" if name == "prm" else f"rmkit {name}"
+        parts += ["", f"## {title}", "", f"`{tree.__module__}.{tree.__name__}`: {_doc(tree)}"]
         defaults = tree()
         for section in dataclasses.fields(tree):
             value = getattr(defaults, section.name)
@@ -155,6 +157,8 @@ def _yaml(value) -> str:
     """`value` as a YAML file would write it, on one line."""
     from rmkit.config import to_plain
 
+    if isinstance(value, str) and not value.isprintable():  # "\n": YAML's double-quoted form, on one line
+        return json.dumps(value)
     text = yaml.safe_dump(to_plain(value), default_flow_style=True, width=1_000_000).strip()
     return text.removesuffix("\n...").strip()
 

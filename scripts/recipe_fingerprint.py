@@ -23,7 +23,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-RECIPES = ("rm_decoder", "rm_encoder", "rm_regression", "sft", "dpo", "grpo", "ppo")
+RECIPES = ("rm_decoder", "rm_encoder", "rm_regression", "sft", "dpo", "grpo", "ppo", "prm")
+STEPS = Path(__file__).resolve().parents[1] / "rmkit" / "resources" / "steps_example.jsonl"  # step-labelled solutions
 QUIET = ["logger.tensorboard=false", "logger.progress_bar=false", "logger.plots=false", "policy.num_threads=1"]
 
 
@@ -114,6 +115,11 @@ def commands(work: Path) -> dict[str, list[str]]:
                 "policy.max_total_sequence_length=128", "policy.optimizer.lr=1e-3", "policy.scheduler.name=cosine",
                 "value.optimizer.lr=1e-3",
                 "data.train_data_path=default", "data.val_data_paths={val: default-val}", *small_ckpt],
+        "prm": ["train", f"policy.model_name={rm}", "prm.max_num_steps=4", "prm.max_num_epochs=3", "prm.val_period=2",
+                f"data.train_data_path={STEPS}", f"data.val_data_paths={{example: {STEPS}}}",
+                "checkpointing.metric_name=val:validation-example_loss", "policy.train_global_batch_size=4",
+                "policy.train_micro_batch_size=2", "policy.optimizer.lr=1e-3", "policy.max_total_sequence_length=96",
+                *small_ckpt],
     }
 
 

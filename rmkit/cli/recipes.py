@@ -28,6 +28,14 @@ Use it:
 m = M.from_pretrained({p}); t = T.from_pretrained({p}); \\
 print(m(**t('Question? Answer.', return_tensors='pt')).logits)"
 """
+_PRM_USE = """
+Use it (a process reward model: the head at each step separator's last token, through a sigmoid, is the
+probability that the step is correct; scoring_contract.json names the separator and the aggregation):
+  python -c "import torch; from transformers import AutoModelForSequenceClassification as M, AutoTokenizer as T; \\
+m = M.from_pretrained({p}); t = T.from_pretrained({p}); \\
+h = getattr(m, m.base_model_prefix)(**t('1 + 1 = ?2 is the sum.\\n', return_tensors='pt')).last_hidden_state; \\
+print(torch.sigmoid(m.score(h)[0, -1]))"
+"""
 _POLICY_USE = """
 Use it:
   python -c "from transformers import AutoModelForCausalLM as M, AutoTokenizer as T; \\
@@ -68,7 +76,8 @@ RECIPES = {
     "train": Recipe(
         "rmkit.config:Config", "rmkit.recipes.rm:train",
         "Train a reward model. Overrides use dotted keys, e.g. policy.optimizer.lr=1e-5 rm.max_num_steps=100 "
-        "data.val_data_paths.hh=../shared/data/hh_harmless_val.jsonl",
+        "data.val_data_paths.hh=../shared/data/hh_harmless_val.jsonl. A config (or an override) with a `prm` section "
+        "trains a process reward model instead (configs/prm.yaml)",
         "YAML config (default: all defaults = configs/default.yaml's run)",
         "pairs/s", ("/acc", "/loss"), "Reward model", _REWARD_MODEL_USE),
     "sft": Recipe(
@@ -99,6 +108,13 @@ RECIPES = {
         "YAML config (e.g. configs/ppo_rm.yaml; default: all defaults)",
         None, ("/reward_mean", "/reward_std", "/mean_gen_tokens_per_sample"), "Policy (the critic in critic/)",
         _POLICY_USE),
+    "prm": Recipe(
+        "rmkit.recipes.configs:PRMTree", "rmkit.recipes.prm:train",
+        "Train a process reward model (a decoder whose head scores every step of a solution) on step-labelled "
+        "solutions; `rmkit train` runs it when the config has a `prm` section. Overrides use dotted keys, e.g. "
+        "prm.max_num_steps=100 prm.train_on_last_step_only=true data.train_data_path=steps.jsonl",
+        "YAML config with a `prm` section (e.g. configs/prm.yaml)",
+        "solutions/s", ("/loss", "/step_acc"), "Process reward model", _PRM_USE),
 }
 
 
@@ -119,8 +135,10 @@ def build_parser(name: str) -> argparse.ArgumentParser:
 
 def main(name: str, argv: list[str]) -> int:
     """Run the recipe `name` with the command line `argv`; rank 0 reports what it saved."""
-    recipe = RECIPES[name]
     args = build_parser(name).parse_intermixed_args(argv)  # overrides before and after --resume
+    if name == "train" and _has_prm_section(args.config, args.overrides):
+        name = "prm"  # `rmkit train` with a `prm` section trains a process reward model
+    recipe = RECIPES[name]
     cfg = load_config(args.config, args.overrides + (["checkpointing.resume=auto"] if args.resume else []),
                       tree_type=_load(recipe.tree))
     if args.print_config:  # before torch loads: a quick look at what a run would use
@@ -156,6 +174,20 @@ def main(name: str, argv: list[str]) -> int:
           + (_PLAIN_POLICY_USE if recipe.use is _POLICY_USE and not _has_chat_template(d) else recipe.use).format(
               q=shlex.quote(str(d)), p=repr(str(d)), data=_validation_file(cfg)))
     return 0
+
+
+def _has_prm_section(config: str | None, overrides: list[str]) -> bool:
+    """Whether the YAML file `config` has a top-level `prm` section or an override sets a `prm.` key (a file that
+    does not read as a mapping is left to `load_config`, which names the problem)."""
+    if any(o.split("=", 1)[0].strip().startswith("prm.") for o in overrides):
+        return True
+    if config is None or not Path(config).is_file():
+        return False
+    try:
+        values = yaml.safe_load(Path(config).read_text(encoding="utf-8"))
+    except (yaml.YAMLError, OSError, UnicodeDecodeError):
+        return False
+    return isinstance(values, dict) and "prm" in values
 
 
 def _validation_file(cfg) -> str:

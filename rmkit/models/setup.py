@@ -14,7 +14,13 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import PreTrainedModel
 
 from rmkit.errors import ConfigError
-from rmkit.models.reward import compute_rewards, uses_last_token_pooling
+from rmkit.models.reward import (
+    compute_rewards,
+    ensure_pad_token,
+    load_reward_model,
+    load_tokenizer,
+    uses_last_token_pooling,
+)
 from rmkit.wrappers import transformers_model
 
 
@@ -78,6 +84,23 @@ def check_length(model: torch.nn.Module, length: int, name: str, key: str) -> No
     if limit is not None and length > limit:
         raise ConfigError(key, f"{length} tokens is more than {name} can read: it has {limit} learned positions; "
                                f"set {key} to {limit} or less")
+
+
+def load_training_classifier(policy, device: torch.device, num_labels: int):
+    """`(model, tokenizer)` for a recipe that trains a sequence classifier (a reward model, a process reward model):
+    `policy.model_name` with `num_labels` outputs (a load failure is one line naming the key), checked against
+    `policy.max_total_sequence_length`, its tokenizer options applied, then `prepare_model`, on `device`, in train
+    mode."""
+    with loading_errors(policy.model_name, "policy.model_name"):
+        model, tokenizer = load_reward_model(model_source(policy.model_name, "policy.model_name"),
+                                             num_labels=num_labels, chat_template=policy.tokenizer.chat_template)
+    check_length(model, policy.max_total_sequence_length, policy.model_name, "policy.max_total_sequence_length")
+    if policy.tokenizer.name is not None:
+        tokenizer = load_tokenizer(resolve_model_name(policy.tokenizer.name), policy.tokenizer.chat_template)
+        ensure_pad_token(model, tokenizer)
+    model = prepare_model(model, policy).to(device)
+    model.train()
+    return model, tokenizer
 
 
 # Attention kernels a bf16 forward on a GPU may use: all but cuDNN's. PyTorch prefers cuDNN's fused attention

@@ -27,6 +27,7 @@ from rmkit.config import (
     _check,
 )
 from rmkit.data.demonstrations import DEMONSTRATION_FORMATS
+from rmkit.data.steps import STEP_FORMATS
 from rmkit.losses.configs import ClippedPGLossConfig, DPOLossConfig, MseValueLossConfig
 
 # ---------------------------------------------------------------- rmkit sft
@@ -545,3 +546,72 @@ class PPOConfig:
         m = self.value.train_micro_batch_size
         _check(m is None or self.policy.train_global_batch_size % m == 0, "value.train_micro_batch_size",
                f"({m}) must divide policy.train_global_batch_size ({self.policy.train_global_batch_size})")
+
+
+# ---------------------------------------------------------------- rmkit train (a process reward model)
+
+
+@dataclass
+class PRMLoopConfig(LoopConfig):
+    """The process reward model's loop (`prm.*`); the step keys follow TRL's `PRMConfig`."""
+
+    section: ClassVar[str] = "prm"
+
+    step_separator: str = "\n"
+    """Text put after every step (TRL's default); each step's label is read at the separator's last token. A step
+    whose text holds it is a data error."""
+    train_on_last_step_only: bool = False
+    """Put loss on the last step of each solution only (TRL's key); the other steps stay in the text."""
+    ambiguous: Literal["drop", "correct"] = "drop"
+    """PRM800K's neutral steps (rating 0): `drop` keeps them in the text with no label; `correct` labels them
+    correct (`rmkit.data.steps`)."""
+    aggregation: Literal["min", "prod", "last"] = "min"
+    """How the exported model's step probabilities make one reward for a solution (written to the scoring
+    contract): the lowest, their product, or the last step's."""
+    val_batches: int | None = None
+    """Validate on at most this many batches of `val_global_batch_size` solutions per set; None: all."""
+    val_global_batch_size: int = 32
+    """Solutions per validation batch."""
+    val_micro_batch_size: int = 8
+    """Solutions per validation forward pass."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check(self.step_separator != "", "prm.step_separator", "must be a non-empty string")
+        _check(self.ambiguous in ("drop", "correct"), "prm.ambiguous", "must be one of drop, correct")
+        _check(self.aggregation in ("min", "prod", "last"), "prm.aggregation", "must be one of min, prod, last")
+        _check(self.val_batches is None or self.val_batches >= 1, "prm.val_batches", "must be >= 1 or null")
+        _check(self.val_global_batch_size >= 1, "prm.val_global_batch_size", "must be >= 1")
+        _check(self.val_micro_batch_size >= 1, "prm.val_micro_batch_size", "must be >= 1")
+
+
+@dataclass
+class PRMDataConfig(DataConfig):
+    """`data.*`: the shared data options; `format` is a step-labelled layout (`rmkit.data.steps`): auto (sniffed),
+    `stepwise` (TRL's), `prm800k`, `processbench` or `prmbench`."""
+
+    train_data_path: str = "../shared/data/prm/prm800k/phase1_train.parquet"
+    """Training file: step-labelled solutions."""
+    val_data_paths: dict[str, str] = field(
+        default_factory=lambda: {"prm800k": "../shared/data/prm/prm800k/phase1_test.parquet"})
+    """Validation sets by name (metrics `validation-<name>/...`)."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check(self.format in STEP_FORMATS, "data.format", f"must be one of {', '.join(STEP_FORMATS)}")
+
+
+@dataclass
+class PRMTree:
+    """The whole process-reward-model config (`rmkit train` with a `prm` section). `policy.*`: SmolLM2-135M-Instruct
+    (a decoder) with a scalar head read at every step's separator, 32 solutions per step in micro-batches of 4,
+    AdamW at lr 1e-5 (TRL's PRMConfig)."""
+
+    prm: PRMLoopConfig = field(default_factory=PRMLoopConfig)
+    policy: PolicyConfig = field(default_factory=lambda: PolicyConfig(
+        model_name="smollm2", train_global_batch_size=32, train_micro_batch_size=4, max_total_sequence_length=512,
+        optimizer=OptimizerConfig(lr=1e-5)))
+    data: PRMDataConfig = field(default_factory=PRMDataConfig)
+    checkpointing: CheckpointingConfig = field(default_factory=lambda: CheckpointingConfig(
+        checkpoint_dir="results/prm", metric_name="val:validation-prm800k_loss"))
+    logger: LoggerConfig = field(default_factory=LoggerConfig)

@@ -26,15 +26,14 @@ from rmkit.models.pair_logprobs import PLACEHOLDER, PairLogits, RefLogprobs, ref
 from rmkit.models.policy import load_training_policy
 from rmkit.recipes.configs import DPOTree
 from rmkit.trainer.accumulate import accumulate, global_metrics, plan_micro_batches
-from rmkit.trainer.datasets import load_policy_pairs, load_sets, make_sampler
+from rmkit.trainer.datasets import load_policy_pairs, load_sets
 from rmkit.trainer.export import export_policy
 from rmkit.trainer.lifecycle import RunResult, start_run
 from rmkit.trainer.logging.plots import plot_training_curves
 from rmkit.trainer.logging.run_logger import RunLogger, append_samples
-from rmkit.trainer.loop import RecipeParts, StepReport, fit, start_state, update
+from rmkit.trainer.loop import RecipeParts, StepReport, fit, sampled_state, supervised_report
 from rmkit.trainer.reference_logprobs import reference_logprobs, weights_digest
 from rmkit.trainer.sharding import shard_policy
-from rmkit.trainer.state import total_steps
 
 SHOWN = ("/loss", "/accuracy", "/rewards_margin_mean")  # the headline validation metrics printed during a run
 
@@ -142,20 +141,16 @@ def train(cfg: DPOTree) -> RunResult:
     loss_fn = DPOLossFn(cfg.dpo.loss_config())
 
     # --- optimizer, schedule, state
-    sampler = make_sampler(cfg, [pair.length for pair in train_pairs], cfg.dpo.seed)
-    steps = total_steps(cfg.dpo, len(sampler))
-    state = start_state(model, cfg.policy, sampler, steps)
+    state, steps = sampled_state(cfg, cfg.dpo, model, [pair.length for pair in train_pairs])
 
     def step(indices: list[int]) -> StepReport:
         batch, refs = [train_pairs[i] for i in indices], [train_refs[i] for i in indices]
         metrics = dpo_step(forward, loss_fn, batch, refs, cfg.policy.train_micro_batch_size)
-        pairs = int(metrics.pop("num_valid_samples"))
-        logged = update(state, metrics, cfg.policy.max_grad_norm, f"Lower policy.optimizer.lr (now "
-                        f"{cfg.policy.optimizer.lr}) or dpo.reference_policy_kl_penalty, or check the data near "
-                        "this batch.")
+        metrics.pop("num_valid_samples")  # every pair of the batch: the report counts them
         tokens = sum(2 * len(p.prompt_ids) + len(p.chosen_ids) + len(p.rejected_ids) for p in batch)
-        shown = {"loss": logged["train/loss"], "acc": logged["train/accuracy"]}
-        return StepReport(logged, pairs, int(dist.all_reduce_sum(torch.tensor(tokens))), shown)
+        return supervised_report(state, cfg.policy, metrics, len(batch), tokens, {"loss": "loss", "acc": "accuracy"},
+                                 f"Lower policy.optimizer.lr (now {cfg.policy.optimizer.lr}) or "
+                                 "dpo.reference_policy_kl_penalty, or check the data near this batch.")
 
     # --- the loop, the last checkpoint, the export (rank 0) and plots
     return fit(run, state, steps, cfg.dpo, RecipeParts(

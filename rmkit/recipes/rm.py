@@ -22,8 +22,8 @@ from rmkit.data.records import MISSING_LABEL
 from rmkit.data.tokenize import TokenizedExample, TokenizedPair
 from rmkit.inference import RewardScorer, contract_for
 from rmkit.losses import PreferenceLoss, RegressionLoss, regression_label_mask
-from rmkit.models import compiled, load_reward_model, load_tokenizer
-from rmkit.models.reward import ensure_pad_token, uses_last_token_pooling
+from rmkit.models import compiled
+from rmkit.models.reward import uses_last_token_pooling
 from rmkit.models.reward_forward import (
     ChunkedRewards,
     SharedPromptRewards,
@@ -34,21 +34,16 @@ from rmkit.models.reward_forward import (
 from rmkit.models.setup import (
     RewardForward,
     autocast,
-    check_length,
-    loading_errors,
-    model_source,
-    prepare_model,
-    resolve_model_name,
+    load_training_classifier,
 )
-from rmkit.trainer.accumulate import accumulate, global_metrics, plan_micro_batches
-from rmkit.trainer.datasets import item_tokens, load_run_data, make_sampler
+from rmkit.trainer.accumulate import accumulate_batch
+from rmkit.trainer.datasets import item_tokens, load_run_data
 from rmkit.trainer.export import export_model, reward_stats
 from rmkit.trainer.lifecycle import RunResult, start_run
 from rmkit.trainer.logging.plots import plot_reward_histograms, plot_training_curves
 from rmkit.trainer.logging.run_logger import RunLogger
-from rmkit.trainer.loop import RecipeParts, StepReport, fit, start_state, update
+from rmkit.trainer.loop import RecipeParts, StepReport, fit, sampled_state, supervised_report
 from rmkit.trainer.sharding import shard_reward_model
-from rmkit.trainer.state import total_steps
 from rmkit.validation import validate, validate_regression
 from rmkit.wrappers import transformers_model
 
@@ -57,18 +52,7 @@ SHOWN = ("/loss", "/acc")  # the headline validation metrics printed during a ru
 
 def load_model(cfg: Config, device: torch.device):
     """`(model, tokenizer)`: the backbone as a reward model with the policy's options applied."""
-    policy = cfg.policy
-    with loading_errors(policy.model_name, "policy.model_name"):
-        model, tokenizer = load_reward_model(model_source(policy.model_name, "policy.model_name"),
-                                             num_labels=policy.reward_model_cfg.num_labels,
-                                             chat_template=policy.tokenizer.chat_template)
-    check_length(model, policy.max_total_sequence_length, policy.model_name, "policy.max_total_sequence_length")
-    if policy.tokenizer.name is not None:
-        tokenizer = load_tokenizer(resolve_model_name(policy.tokenizer.name), policy.tokenizer.chat_template)
-        ensure_pad_token(model, tokenizer)
-    model = prepare_model(model, policy).to(device)
-    model.train()
-    return model, tokenizer
+    return load_training_classifier(cfg.policy, device, cfg.policy.reward_model_cfg.num_labels)
 
 
 def bradley_terry_step(forward: torch.nn.Module, pairs: Sequence[TokenizedPair], micro_size: int, pad_token_id: int,
@@ -90,9 +74,8 @@ def bradley_terry_step(forward: torch.nn.Module, pairs: Sequence[TokenizedPair],
             rewards = pair_rewards(forward, pairs, pad_token_id, device, overhead)  # [2n, 1], interleaved
         return loss_fn(rewards, targets, global_valid_seqs)
 
-    micros = plan_micro_batches(pairs, micro_size, forward, lambda p: max(len(p.chosen_ids), len(p.rejected_ids)))
-    metrics = accumulate(forward, micros, run_micro)
-    totals = global_metrics(metrics, ["loss", "accuracy"])  # each already divided by the global pair count
+    totals = accumulate_batch(forward, pairs, micro_size, lambda p: max(len(p.chosen_ids), len(p.rejected_ids)),
+                              run_micro, ["loss", "accuracy"])  # each already divided by the global pair count
     return {"loss": totals["loss"], "acc": totals["accuracy"]}
 
 
@@ -115,8 +98,7 @@ def regression_step(forward: torch.nn.Module, examples: Sequence[TokenizedExampl
             targets["labels"] = torch.full_like(rewards, MISSING_LABEL)
         return loss_fn(rewards, targets, None, global_valid_labels)
 
-    metrics = accumulate(forward, plan_micro_batches(examples, micro_size, forward, lambda e: len(e.input_ids)), run_micro)
-    return global_metrics(metrics, ["loss"])
+    return accumulate_batch(forward, examples, micro_size, lambda e: len(e.input_ids), run_micro, ["loss"])
 
 
 STEPS = {"bradley_terry": bradley_terry_step, "regression": regression_step}
@@ -166,11 +148,9 @@ def train(cfg: Config) -> RunResult:
     else:  # DDP under torchrun (gradients summed over ranks) wraps the whole chunked reward computation
         forward = dist.wrap_data_parallel(forward, run.info)
     data = load_run_data(cfg, tokenizer, run.out_dir)
-    sampler = make_sampler(cfg, data.lengths, cfg.rm.seed)
 
-    # --- optimizer, schedule, state
-    steps = total_steps(cfg.rm, len(sampler))
-    state = start_state(model, cfg.policy, sampler, steps)
+    # --- sampler, optimizer, schedule, state
+    state, steps = sampled_state(cfg, cfg.rm, model, data.lengths)
     step_fn = STEPS[cfg.policy.reward_model_cfg.reward_model_type]
     val_rewards: dict = {}  # the last validation's rewards: reward_stats.json and the histograms
 
@@ -178,10 +158,8 @@ def train(cfg: Config) -> RunResult:
         batch = [data.train[i] for i in indices]
         metrics = step_fn(forward, batch, cfg.policy.train_micro_batch_size, tokenizer.pad_token_id,
                           cfg.policy.precision, device)
-        logged = update(state, metrics, cfg.policy.max_grad_norm, f"Lower policy.optimizer.lr (now "
-                        f"{cfg.policy.optimizer.lr}), set policy.max_grad_norm, or check the data near this batch.")
-        shown = {k: logged[f"train/{k}"] for k in ("loss", "acc") if f"train/{k}" in logged}
-        return StepReport(logged, len(batch), sum(item_tokens(item) for item in batch), shown)
+        return supervised_report(state, cfg.policy, metrics, len(batch), sum(item_tokens(item) for item in batch),
+                                 {"loss": "loss", "acc": "acc"})
 
     def validate(at: int) -> dict[str, float]:
         metrics, rewards = run_validation(cfg, scorer, data, run.logger, at)

@@ -27,15 +27,14 @@ from rmkit.losses import NLLLoss
 from rmkit.models.policy import load_training_policy
 from rmkit.models.setup import autocast
 from rmkit.recipes.configs import SFTTree
-from rmkit.trainer.accumulate import accumulate, global_metrics, plan_micro_batches
-from rmkit.trainer.datasets import load_demonstration_set, load_sets, make_sampler
+from rmkit.trainer.accumulate import accumulate_batch, plan_micro_batches
+from rmkit.trainer.datasets import load_demonstration_set, load_sets
 from rmkit.trainer.export import export_policy
 from rmkit.trainer.lifecycle import RunResult, start_run
 from rmkit.trainer.logging.plots import plot_training_curves
 from rmkit.trainer.logging.run_logger import append_samples
-from rmkit.trainer.loop import RecipeParts, StepReport, fit, start_state, update
+from rmkit.trainer.loop import RecipeParts, StepReport, fit, sampled_state, supervised_report
 from rmkit.trainer.sharding import shard_policy
-from rmkit.trainer.state import total_steps
 
 SHOWN = ("/loss", "/token_acc")  # the headline validation metrics printed during a run
 
@@ -96,8 +95,7 @@ def sft_step(forward: torch.nn.Module, items: Sequence[DemonstrationIds], micro_
         metrics["correct"] = correct_tokens(logits.detach(), batch)
         return loss, metrics
 
-    micros = plan_micro_batches(items, micro_size, forward, lambda d: d.length)
-    totals = global_metrics(accumulate(forward, micros, run_micro), ["loss", "correct"])
+    totals = accumulate_batch(forward, items, micro_size, lambda d: d.length, run_micro, ["loss", "correct"])
     return {"loss": totals["loss"], "token_acc": totals["correct"] / global_valid_toks}
 
 
@@ -171,21 +169,16 @@ def train(cfg: SFTTree) -> RunResult:
         forward = dist.wrap_data_parallel(model, run.info)
     train_items, val = load_sets(cfg.data, run.out_dir, lambda ds: load_demonstration_set(cfg, ds, tokenizer),
                                  "demonstrations")
-    sampler = make_sampler(cfg, [d.length for d in train_items], cfg.sft.seed)
 
-    # --- optimizer, schedule, state
-    steps = total_steps(cfg.sft, len(sampler))
-    state = start_state(model, cfg.policy, sampler, steps)
+    # --- sampler, optimizer, schedule, state
+    state, steps = sampled_state(cfg, cfg.sft, model, [d.length for d in train_items])
 
     def step(indices: list[int]) -> StepReport:
         batch = [train_items[i] for i in indices]
         metrics = sft_step(forward, batch, cfg.policy.train_micro_batch_size, tokenizer.pad_token_id,
                            cfg.policy.precision, device, cfg.sft.sequence_packing)
-        logged = update(state, metrics, cfg.policy.max_grad_norm, f"Lower policy.optimizer.lr (now "
-                        f"{cfg.policy.optimizer.lr}), set policy.max_grad_norm, or check the data near this batch.")
-        tokens = dist.all_reduce_sum(torch.tensor(float(sum(d.length for d in batch)))).item()
-        shown = {"loss": logged["train/loss"], "acc": logged["train/token_acc"]}
-        return StepReport(logged, len(batch) * dist.world_size(), int(tokens), shown)
+        return supervised_report(state, cfg.policy, metrics, len(batch), sum(d.length for d in batch),
+                                 {"loss": "loss", "acc": "token_acc"})
 
     # --- the loop, the last checkpoint, the export (rank 0) and plots
     return fit(run, state, steps, cfg.sft, RecipeParts(

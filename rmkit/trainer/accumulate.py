@@ -55,3 +55,11 @@ def global_metrics(micro_metrics: list[dict], keys: Sequence[str] | None = None)
     names = list(keys if keys is not None else metrics)
     values = dist.all_reduce_sum(torch.stack([torch.as_tensor(metrics[k]).float() for k in names]))
     return dict(zip(names, values))
+
+
+def accumulate_batch(forward: torch.nn.Module, items: Sequence, micro_size: int, length: Callable[[Any], int],
+                     run_micro: Callable[[Any], tuple[torch.Tensor, dict]], keys: Sequence[str]) -> dict[str, torch.Tensor]:
+    """This rank's share `items` of a global batch through `forward`, longest first in micro-batches of `micro_size`
+    (`plan_micro_batches`), forward and backward each (`accumulate`); returns the global batch's metrics `keys`
+    (`global_metrics`)."""
+    return global_metrics(accumulate(forward, plan_micro_batches(items, micro_size, forward, length), run_micro), keys)

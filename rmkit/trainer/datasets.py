@@ -259,3 +259,25 @@ def load_prompt_set(cfg, ds: DataSet, tokenizer) -> list[PromptItem]:
         raise DataError(ds.path, None, None, f"no usable prompts ({len(skipped)} skipped, see {ds.rejects})"
                         if skipped else "no prompts")
     return items
+
+
+def load_step_set(cfg, ds: DataSet, tokenizer) -> list:
+    """Step-labelled solutions of a data set (`cfg`: the PRM tree) for a process reward model: read and checked
+    (`load_step_data`, a step holding `prm.step_separator` is a DataError), tokenized (`tokenize_steps`: each
+    labelled step's label at its separator's last token); dropped solutions go to its rejects file."""
+    from rmkit.data.step_tokenize import tokenize_steps
+    from rmkit.data.steps import load_step_data
+
+    data, prm, max_length = ds.data, cfg.prm, cfg.policy.max_total_sequence_length
+    if not tokenizer.encode(prm.step_separator, add_special_tokens=False):
+        raise ConfigError("prm.step_separator", f"{prm.step_separator!r} is no token at all for this tokenizer (it "
+                          "drops it), so a step's label would have no separator to sit on; choose one it keeps")
+    loaded = load_step_data(resolve_data_path(ds.path), data.format, ambiguous=prm.ambiguous,
+                            step_separator=prm.step_separator, on_error=data.on_error, split=data.split)
+    tokenized = tokenize_steps(loaded.records, tokenizer, max_length, prm.step_separator, prm.train_on_last_step_only,
+                               data.overlong)
+    steps = sum(len(item.positions) for item in tokenized.items)
+    report_data(ds, loaded, len(tokenized.items), "solution", tokenized.dropped,
+                [f"{steps} labelled steps", f"{tokenized.truncated} truncated to {max_length} tokens "
+                 f"({tokenized.steps_cut} labelled steps past the cut dropped)"])
+    return tokenized.items

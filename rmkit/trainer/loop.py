@@ -30,11 +30,12 @@ import torch
 from rmkit import distributed as dist
 from rmkit.errors import TrainingDiverged
 from rmkit.trainer.checkpointing.loop_state import restore_rng, save_training_checkpoint
+from rmkit.trainer.datasets import make_sampler
 from rmkit.trainer.lifecycle import Run, RunResult, finish_run, resume
 from rmkit.trainer.logging.progress import ProgressBar, StepWindow
 from rmkit.trainer.logging.run_logger import announce, summary
 from rmkit.trainer.optim import build_optimizer, build_scheduler, learning_rate, optimizer_step
-from rmkit.trainer.state import TrainState
+from rmkit.trainer.state import TrainState, total_steps
 
 
 @dataclass
@@ -87,6 +88,15 @@ def start_state(model: torch.nn.Module, policy, sampler, steps: int) -> TrainSta
     optimizer steps."""
     optimizer = build_optimizer(model, policy.optimizer)
     return TrainState(model, optimizer, build_scheduler(optimizer, policy.scheduler, steps), sampler)
+
+
+def sampled_state(cfg, loop, model: torch.nn.Module, lengths: list[int]) -> tuple[TrainState, int]:
+    """`(state, steps)` of a recipe that samples global batches of its items (`lengths`: each item's, for
+    `data.batching: length_grouped`): the sampler (`make_sampler`, seeded from `loop.seed`), the run's optimizer
+    steps (`total_steps`) and `start_state`'s optimizer and schedule over them."""
+    sampler = make_sampler(cfg, lengths, loop.seed)
+    steps = total_steps(loop, len(sampler))
+    return start_state(model, cfg.policy, sampler, steps), steps
 
 
 def fit(run: Run, state: TrainState, steps: int, loop, parts: RecipeParts) -> RunResult:
@@ -204,6 +214,19 @@ def update(state: TrainState, metrics: dict[str, torch.Tensor], max_grad_norm: f
     values = dict(zip(names, torch.stack([metrics[k].float() for k in names]).tolist()))
     lr, grad_norm = apply_update(state, values["loss"], max_grad_norm, hint)
     return {**{f"train/{k}": v for k, v in values.items()}, "train/grad_norm": grad_norm, "train/lr": lr}
+
+
+def supervised_report(state: TrainState, policy, metrics: dict[str, torch.Tensor], items: int, tokens: int,
+                      shown: dict[str, str], hint: str | None = None) -> StepReport:
+    """A supervised recipe's step after its forward and backward: `update` (`policy.max_grad_norm`; `hint` for a
+    diverged loss, by default the learning rate's), then its report: `items` and `tokens` (this rank's share)
+    summed over ranks, and `shown` (bar name -> metric name) for the progress bar."""
+    hint = hint or (f"Lower policy.optimizer.lr (now {policy.optimizer.lr}), set policy.max_grad_norm, or check the "
+                    "data near this batch.")
+    logged = update(state, metrics, policy.max_grad_norm, hint)
+    counts = dist.all_reduce_sum(torch.tensor([float(items), float(tokens)])).tolist()
+    bar = {name: logged[f"train/{metric}"] for name, metric in shown.items() if f"train/{metric}" in logged}
+    return StepReport(logged, int(counts[0]), int(counts[1]), bar)
 
 
 def check_finite(loss: float, state: TrainState, hint: str) -> None:

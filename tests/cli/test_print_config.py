@@ -15,7 +15,8 @@ from rmkit.config import config_to_dict, load_config
 @pytest.mark.parametrize("name", sorted(RECIPES))
 def test_print_config_prints_the_resolved_tree(name, tmp_path, capsys):
     loop = {"train": "rm"}.get(name, name)
-    assert main([name, "--print-config", f"{loop}.max_num_steps=7", "logger.plots=false"]) == 0
+    command = {"prm": "train"}.get(name, name)  # `rmkit train` with a `prm` section trains a process reward model
+    assert main([command, "--print-config", f"{loop}.max_num_steps=7", "logger.plots=false"]) == 0
     printed = capsys.readouterr().out
     path = tmp_path / "printed.yaml"
     path.write_text(printed, encoding="utf-8")

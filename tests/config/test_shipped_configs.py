@@ -14,7 +14,7 @@ from rmkit.config import config_to_dict, load_config
 from tests.docs.examples import blocks, pages
 
 REPO = Path(__file__).resolve().parents[2]
-LOOP_SECTIONS = {"rm": "train", "sft": "sft", "dpo": "dpo", "grpo": "grpo", "ppo": "ppo"}
+LOOP_SECTIONS = {"rm": "train", "sft": "sft", "dpo": "dpo", "grpo": "grpo", "ppo": "ppo", "prm": "prm"}
 
 
 def tree_for(values: dict) -> type:
