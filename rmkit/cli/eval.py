@@ -85,7 +85,7 @@ def load_options(args: argparse.Namespace) -> dict:
 def report_skipped(args: argparse.Namespace, skipped: list) -> None:
     if skipped:
         write_rejects(args.rejects, skipped)
-        print(f"rmkit eval: skipped {len(skipped)} records (see {args.rejects})", file=sys.stderr)
+        print(f"rmkit eval: skipped {len(skipped)} record{'' if len(skipped) == 1 else 's'} (see {args.rejects})", file=sys.stderr)
 
 
 def warn_identical(pairs: list) -> int:

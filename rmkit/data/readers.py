@@ -64,9 +64,25 @@ def read_jsonl(path: str | Path) -> Iterator[RawRecord | DataError]:
             if not isinstance(data, dict):
                 yield DataError(path, number, None, f"expected a JSON object, got {type(data).__name__}")
                 continue
+            if (bad := unencodable(data)) is not None:
+                yield DataError(path, number, *bad)
+                continue
             yield RawRecord(path, number, data)
     if not seen:
         raise DataError(path, None, None, "the file is empty (no records)")
+
+
+def unencodable(data: dict) -> tuple[str, str] | None:
+    """`(field, message)` for the first field of a record whose text holds a lone UTF-16 surrogate (JSON allows the
+    escape `\\ud800` alone; it is not a character, and no tokenizer can encode it), else None."""
+    for key, value in data.items():
+        try:
+            json.dumps(value, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as err:
+            char = err.object[err.start]
+            return str(key), (f"holds a lone surrogate (\\u{ord(char):04x}), which is not text: no tokenizer can encode "
+                              "it; fix or drop this record")
+    return None
 
 
 def read_json(path: str | Path) -> Iterator[RawRecord | DataError]:
@@ -135,6 +151,8 @@ def _from_rows(path: str, rows) -> Iterator[RawRecord | DataError]:
     for index, row in enumerate(rows):
         if not isinstance(row, dict):
             yield DataError(path, index, None, f"expected an object, got {type(row).__name__}")
+        elif (bad := unencodable(row)) is not None:
+            yield DataError(path, index, *bad)
         else:
             yield RawRecord(path, index, row, line_oriented=False)
 

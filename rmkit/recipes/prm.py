@@ -36,7 +36,7 @@ from rmkit.trainer.datasets import load_sets, load_step_set
 from rmkit.trainer.export import export_model
 from rmkit.trainer.lifecycle import RunResult, start_run
 from rmkit.trainer.logging.plots import plot_training_curves
-from rmkit.trainer.loop import RecipeParts, StepReport, fit, sampled_state, supervised_report
+from rmkit.trainer.loop import RecipeParts, fit, sampled_state, supervised_step
 from rmkit.wrappers import transformers_model
 
 SHOWN = ("/loss", "/step_acc")  # the headline validation metrics printed during a run
@@ -159,12 +159,9 @@ def train(cfg: PRMTree) -> RunResult:
     # --- sampler, optimizer, schedule, state
     state, steps = sampled_state(cfg, cfg.prm, model, [item.length for item in train_items])
 
-    def step(indices: list[int]) -> StepReport:
-        batch = [train_items[i] for i in indices]
-        metrics = prm_step(forward, batch, cfg.policy.train_micro_batch_size, tokenizer.pad_token_id,
-                           cfg.policy.precision, device)
-        return supervised_report(state, cfg.policy, metrics, len(batch), sum(item.length for item in batch),
-                                 {"loss": "loss", "acc": "step_acc"})
+    step = supervised_step(state, cfg.policy, train_items, lambda batch: prm_step(
+        forward, batch, cfg.policy.train_micro_batch_size, tokenizer.pad_token_id, cfg.policy.precision, device),
+        tokens=lambda item: item.length, shown={"loss": "loss", "acc": "step_acc"})
 
     # --- the loop, the last checkpoint, the export (rank 0) and plots
     return fit(run, state, steps, cfg.prm, RecipeParts(

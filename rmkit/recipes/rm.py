@@ -42,7 +42,7 @@ from rmkit.trainer.export import export_model, reward_stats
 from rmkit.trainer.lifecycle import RunResult, start_run
 from rmkit.trainer.logging.plots import plot_reward_histograms, plot_training_curves
 from rmkit.trainer.logging.run_logger import RunLogger
-from rmkit.trainer.loop import RecipeParts, StepReport, fit, sampled_state, supervised_report
+from rmkit.trainer.loop import RecipeParts, fit, sampled_state, supervised_step
 from rmkit.trainer.sharding import shard_reward_model
 from rmkit.validation import validate, validate_regression
 from rmkit.wrappers import transformers_model
@@ -154,12 +154,9 @@ def train(cfg: Config) -> RunResult:
     step_fn = STEPS[cfg.policy.reward_model_cfg.reward_model_type]
     val_rewards: dict = {}  # the last validation's rewards: reward_stats.json and the histograms
 
-    def step(indices: list[int]) -> StepReport:
-        batch = [data.train[i] for i in indices]
-        metrics = step_fn(forward, batch, cfg.policy.train_micro_batch_size, tokenizer.pad_token_id,
-                          cfg.policy.precision, device)
-        return supervised_report(state, cfg.policy, metrics, len(batch), sum(item_tokens(item) for item in batch),
-                                 {"loss": "loss", "acc": "acc"})
+    step = supervised_step(state, cfg.policy, data.train, lambda batch: step_fn(
+        forward, batch, cfg.policy.train_micro_batch_size, tokenizer.pad_token_id, cfg.policy.precision, device),
+        tokens=item_tokens, shown={"loss": "loss", "acc": "acc"})
 
     def validate(at: int) -> dict[str, float]:
         metrics, rewards = run_validation(cfg, scorer, data, run.logger, at)

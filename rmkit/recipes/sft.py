@@ -33,7 +33,7 @@ from rmkit.trainer.export import export_policy
 from rmkit.trainer.lifecycle import RunResult, start_run
 from rmkit.trainer.logging.plots import plot_training_curves
 from rmkit.trainer.logging.run_logger import append_samples
-from rmkit.trainer.loop import RecipeParts, StepReport, fit, sampled_state, supervised_report
+from rmkit.trainer.loop import RecipeParts, fit, sampled_state, supervised_step
 from rmkit.trainer.sharding import shard_policy
 
 SHOWN = ("/loss", "/token_acc")  # the headline validation metrics printed during a run
@@ -173,12 +173,9 @@ def train(cfg: SFTTree) -> RunResult:
     # --- sampler, optimizer, schedule, state
     state, steps = sampled_state(cfg, cfg.sft, model, [d.length for d in train_items])
 
-    def step(indices: list[int]) -> StepReport:
-        batch = [train_items[i] for i in indices]
-        metrics = sft_step(forward, batch, cfg.policy.train_micro_batch_size, tokenizer.pad_token_id,
-                           cfg.policy.precision, device, cfg.sft.sequence_packing)
-        return supervised_report(state, cfg.policy, metrics, len(batch), sum(d.length for d in batch),
-                                 {"loss": "loss", "acc": "token_acc"})
+    step = supervised_step(state, cfg.policy, train_items, lambda batch: sft_step(
+        forward, batch, cfg.policy.train_micro_batch_size, tokenizer.pad_token_id, cfg.policy.precision, device,
+        cfg.sft.sequence_packing), tokens=lambda d: d.length, shown={"loss": "loss", "acc": "token_acc"})
 
     # --- the loop, the last checkpoint, the export (rank 0) and plots
     return fit(run, state, steps, cfg.sft, RecipeParts(

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -227,6 +227,19 @@ def supervised_report(state: TrainState, policy, metrics: dict[str, torch.Tensor
     counts = dist.all_reduce_sum(torch.tensor([float(items), float(tokens)])).tolist()
     bar = {name: logged[f"train/{metric}"] for name, metric in shown.items() if f"train/{metric}" in logged}
     return StepReport(logged, int(counts[0]), int(counts[1]), bar)
+
+
+def supervised_step(state: TrainState, policy, items: Sequence, forward_backward: Callable[[list], dict],
+                    tokens: Callable[[Any], int], shown: dict[str, str]) -> Callable[[list[int]], StepReport]:
+    """`RecipeParts.step` of a recipe that trains on `items`: the global batch's items (this rank's indices), the
+    recipe's `forward_backward(batch) -> metrics` (0-dim tensors, `loss` among them), then `supervised_report`
+    (`tokens(item)`: the real tokens an item feeds the model)."""
+    def step(indices: list[int]) -> StepReport:
+        batch = [items[i] for i in indices]
+        metrics = forward_backward(batch)
+        return supervised_report(state, policy, metrics, len(batch), sum(tokens(item) for item in batch), shown)
+
+    return step
 
 
 def check_finite(loss: float, state: TrainState, hint: str) -> None:

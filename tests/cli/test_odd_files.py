@@ -98,3 +98,27 @@ def test_dpo_says_how_many_prompts_were_cut_to_nothing(tiny_policy, tmp_path, ca
             "policy.max_total_sequence_length, or set data.overlong=drop") in err
     assert cli.main(_dpo(tiny_policy, train, tmp_path, "policy.max_total_sequence_length=64")) == 0
     assert "cut to nothing" not in capsys.readouterr().err
+
+
+def test_text_no_tokenizer_can_encode_is_a_record_error_every_path_can_skip(tiny_decoder, tmp_path, capsys,
+                                                                           monkeypatch):
+    """A lone surrogate escape is valid JSON but not text: `data check` passed it and `train` (even with
+    `on_error: skip`) and `eval --skip-bad` died in the tokenizer. Now it is the record's error, and skipping skips it."""
+    good = [{"prompt": f"q{i}", "chosen": f"good answer {i}", "rejected": f"bad {i}"} for i in range(8)]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"prompt": "q", "chosen": "fine \\ud800 text", "rejected": "no"}\n'
+                    + "".join(json.dumps(r) + "\n" for r in good))
+    message = f"{path}:1: field 'chosen': holds a lone surrogate (\\ud800), which is not text"
+    assert cli.main(["data", "check", str(path)]) == 2
+    assert message in capsys.readouterr().out
+    assert cli.main(["train", f"policy.model_name={tiny_decoder}", f"data.train_data_path={path}",
+                     "data.val_data_paths={}", "data.on_error=skip", "rm.max_num_steps=1", "logger.plots=false",
+                     "policy.train_global_batch_size=4", "policy.train_micro_batch_size=4",
+                     "policy.max_total_sequence_length=32", f"checkpointing.checkpoint_dir={tmp_path / 'run'}"]) == 0
+    (reject,) = [json.loads(line) for line in (tmp_path / "run" / "rejects-train.jsonl").read_text().splitlines()]
+    assert reject == {"source": f"{path}:1", "reason": message.split(": ", 1)[1] + ": no tokenizer can encode it; "
+                                                                                  "fix or drop this record"}
+    capsys.readouterr()
+    monkeypatch.chdir(tmp_path)  # eval's rejects file goes to the working folder
+    assert cli.main(["eval", "--model", str(tmp_path / "run" / "final"), "--data", str(path), "--skip-bad"]) == 0
+    assert "rmkit eval: skipped 1 record (see rejects-eval.jsonl)" in capsys.readouterr().err
