@@ -114,7 +114,21 @@ def _sniff(record: RawRecord | None, messages_key: str, response_key: str) -> st
         return "prompt_response"
     if TEXT_KEY in record.data:
         return "text"
+    prompt, response = _named_like(record.data, PROMPT_LIKE), _named_like(record.data, RESPONSE_LIKE)
+    if prompt and response:  # instruction/output, question/answer, ...: say which keys read it
+        raise record.error(None, f"cannot tell the demonstration layout from the fields "
+                                 f"({', '.join(sorted(map(str, record.data)))}): for prompt/response records name "
+                                 f"the fields, data.prompt_key={prompt} data.response_key={response}")
     return "auto"  # a preference layout: load_preference_data sniffs which
+
+
+# Field names other datasets give a prompt and its response (Alpaca's instruction/output, QA sets' question/answer).
+PROMPT_LIKE = ("instruction", "question", "query", "input", "prompt")
+RESPONSE_LIKE = ("output", "answer", "completion", "response", "target")
+
+
+def _named_like(data: dict, names: tuple[str, ...]) -> str | None:
+    return next((name for name in names if isinstance(data.get(name), str)), None)
 
 
 def _conversation(record: RawRecord, key: str) -> Demonstration:

@@ -219,5 +219,6 @@ def detect_format(record: RawRecord, opts: FormatOptions) -> str:
         return "aligner"
     keys = ", ".join(sorted(map(str, data))) or "none"
     raise record.error(
-        None, f"cannot tell the data format from the fields ({keys}); pass format= one of {', '.join(FORMATS[1:])}"
-    )
+        None, f"cannot tell the data format from the fields ({keys}): name your fields (data.prompt_key, "
+              "data.chosen_key, data.rejected_key; --prompt-key, --chosen-key, --rejected-key on rmkit data / eval / "
+              f"score), or the format (data.format=, --format) as one of {', '.join(FORMATS[1:])}")

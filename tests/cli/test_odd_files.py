@@ -122,3 +122,27 @@ def test_text_no_tokenizer_can_encode_is_a_record_error_every_path_can_skip(tiny
     monkeypatch.chdir(tmp_path)  # eval's rejects file goes to the working folder
     assert cli.main(["eval", "--model", str(tmp_path / "run" / "final"), "--data", str(path), "--skip-bad"]) == 0
     assert "rmkit eval: skipped 1 record (see rejects-eval.jsonl)" in capsys.readouterr().err
+
+
+def test_sft_on_instruction_output_records_says_which_keys_read_them(tiny_policy, tmp_path, capsys):
+    """Alpaca-style `instruction`/`output` records: the hint listed only preference formats, in Python's spelling
+    (`pass format=`); now it names the two overrides that read the file, and they do."""
+    path = _write(tmp_path / "alpaca.jsonl", [{"instruction": "Say hi", "output": "Hi!"},
+                                              {"instruction": "Count to three", "output": "1 2 3"}])
+    args = ["sft", f"policy.model_name={tiny_policy}", f"data.train_data_path={path}", "data.val_data_paths={}",
+            f"checkpointing.checkpoint_dir={tmp_path / 'run'}", "sft.max_num_steps=1", "logger.plots=false",
+            "policy.train_global_batch_size=2", "policy.train_micro_batch_size=2"]
+    assert cli.main(args) == 2
+    assert _error(capsys) == (f"rmkit sft: error: {path}:1: cannot tell the demonstration layout from the fields "
+                              "(instruction, output): for prompt/response records name the fields, "
+                              "data.prompt_key=instruction data.response_key=output")
+    assert cli.main([*args, "data.prompt_key=instruction", "data.response_key=output"]) == 0
+
+
+def test_an_unknown_preference_layout_names_the_keys_and_the_format_as_the_cli_spells_them(tmp_path, capsys):
+    path = _write(tmp_path / "qa.jsonl", [{"question": "q", "good": "a", "bad": "b"}])
+    assert cli.main(["data", "check", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot tell the data format from the fields (bad, good, question): name your fields (data.prompt_key" in err
+    assert "--prompt-key, --chosen-key, --rejected-key" in err and "data.format=, --format" in err
+    assert "pass format=" not in err
