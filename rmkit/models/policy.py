@@ -8,6 +8,7 @@ say which tokens are real, so pad may equal eos); generation pads prompts on the
 from __future__ import annotations
 
 import functools
+import json
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM, PreTrainedModel
 
 from rmkit import distributed as dist
+from rmkit.errors import ConfigError
 from rmkit.models.reward import (
     find_gguf_file,
     forget_dequantized_gguf,
@@ -55,13 +57,32 @@ def warn_plain_prompts(name: str) -> None:
               "own format, give a template with policy.tokenizer.chat_template", file=sys.stderr)
 
 
+def check_not_a_classifier(path: str, key: str) -> None:
+    """A ConfigError naming `key` when the model folder `path` holds a sequence classifier (a reward model): loaded as
+    a policy it would get a random language-model head."""
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        return
+    try:
+        architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
+    except (ValueError, AttributeError):
+        return  # transformers says what is wrong with it
+    classifiers = [a for a in architectures if str(a).endswith("ForSequenceClassification")]
+    if classifiers:
+        raise ConfigError(key, f"{path} is a sequence classifier ({classifiers[0]}: a reward model), not a causal "
+                               "language model: as a policy its language-model head would be random. Give a causal "
+                               "LM (e.g. smollm2, or the final/ of rmkit sft)")
+
+
 def load_training_policy(policy, device: torch.device):
     """`(model, tokenizer)` for a recipe that trains a policy: `policy.model_name` (a `PolicyConfig`) with its
     tokenizer options, then `prepare_model` (dropout off, freezing, LoRA adapters), on `device`, in train mode."""
     from rmkit.models.setup import loading_errors, model_source, prepare_model, resolve_model_name
 
+    source = model_source(policy.model_name, "policy.model_name")
+    check_not_a_classifier(source, "policy.model_name")
     with loading_errors(policy.model_name, "policy.model_name"):
-        model, tokenizer = load_policy_model(model_source(policy.model_name, "policy.model_name"),
+        model, tokenizer = load_policy_model(source,
                                              chat_template=policy.tokenizer.chat_template)
     if policy.tokenizer.name is not None:
         tokenizer = load_tokenizer(resolve_model_name(policy.tokenizer.name), policy.tokenizer.chat_template)

@@ -153,3 +153,15 @@ def test_training_on_pairs_whose_sides_are_identical_says_so(tiny_decoder, tmp_p
     assert cli.main(["train", *common, f"data.train_data_path={every}", f"checkpointing.checkpoint_dir={tmp_path / 'b'}"]) == 2
     assert _error(capsys) == (f"rmkit train: error: {every}: every one of its 8 pairs has identical chosen and rejected "
                               "responses: there is no preference to learn (check data.chosen_key and data.rejected_key)")
+
+
+@pytest.mark.parametrize("recipe", ["dpo", "sft"])
+def test_a_reward_model_given_as_the_policy_is_refused_before_anything_loads(recipe, tiny_decoder, tmp_path, pairs,
+                                                                              capsys):
+    """It loaded with a random LM head, spent minutes on DPO's reference log-probs, then died in an AttributeError."""
+    assert cli.main([recipe, f"policy.model_name={tiny_decoder}", f"data.train_data_path={pairs}",
+                     f"checkpointing.checkpoint_dir={tmp_path / 'run'}"]) == 2
+    assert _error(capsys) == (f"rmkit {recipe}: error: config key 'policy.model_name': {tiny_decoder} is a sequence "
+                              "classifier (LlamaForSequenceClassification: a reward model), not a causal language "
+                              "model: as a policy its language-model head would be random. Give a causal LM (e.g. "
+                              "smollm2, or the final/ of rmkit sft)")
