@@ -157,12 +157,30 @@ def _from_rows(path: str, rows) -> Iterator[RawRecord | DataError]:
             yield RawRecord(path, index, row, line_oriented=False)
 
 
+def unread_file(path: str | Path) -> str | None:
+    """Why rmkit cannot read `path`, when it is a local file of another kind than `.jsonl`, `.json`, `.parquet` (a
+    CSV, a compressed file, ...): such a file would otherwise be taken for a Hub dataset name. None otherwise."""
+    local = Path(path).expanduser()
+    if not local.is_file() or str(path).lower().endswith(JSONL_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES):
+        return None
+    read = "rmkit reads JSON Lines (.jsonl), JSON (.json) and Parquet (.parquet) files, and Hugging Face datasets"
+    if local.suffix.lower() in (".gz", ".bz2", ".xz", ".zst", ".zip"):
+        return f"a compressed file: {read}; decompress it first (e.g. gunzip -k {local.name})"
+    if local.suffix.lower() in (".csv", ".tsv"):
+        sep = "\\t" if local.suffix.lower() == ".tsv" else ","
+        return (f"{read}; convert the table first: python -c \"import pandas as pd; pd.read_csv('{local}', "
+                f"sep='{sep}').to_json('{local.with_suffix('.jsonl')}', orient='records', lines=True)\"")
+    return f"{read}; convert it to one of them"
+
+
 def read_records(path: str | Path, split: str = "train") -> Iterator[RawRecord | DataError]:
     """Dispatch on the path: `.jsonl`, `.json`, `.parquet`, else a Hugging Face dataset (directory or
-    name). A `.jsonl.gz`-style compressed file is not supported."""
+    name). Another local file (a CSV, a `.jsonl.gz`) is a DataError saying what is read."""
     text = str(path)
     lower = text.lower()
     local = Path(text)
+    if (why := unread_file(text)) is not None:
+        raise DataError(text, None, None, why)
     if lower.endswith(JSONL_SUFFIXES) or lower.endswith(JSON_SUFFIXES) or lower.endswith(PARQUET_SUFFIXES):
         if not local.is_file():
             raise DataError(text, None, None, "no such file")
@@ -183,6 +201,8 @@ def check_data_path(path: str | Path, key: str) -> None:
     (`name` or `org/name`, with no part of it on disk)."""
     text, local = str(path), Path(path).expanduser()
     lower = text.lower()
+    if (why := unread_file(text)) is not None:
+        raise ConfigError(key, f"{text} is {why}" if why.startswith("a compressed") else f"{text}: {why}")
     if lower.endswith(JSONL_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES):
         if not local.is_file():
             raise ConfigError(key, f"no such file: {text}" if not local.exists() else f"{text} is not a file")

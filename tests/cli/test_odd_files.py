@@ -146,3 +146,22 @@ def test_an_unknown_preference_layout_names_the_keys_and_the_format_as_the_cli_s
     assert "cannot tell the data format from the fields (bad, good, question): name your fields (data.prompt_key" in err
     assert "--prompt-key, --chosen-key, --rejected-key" in err and "data.format=, --format" in err
     assert "pass format=" not in err
+
+
+@pytest.mark.parametrize("name", ["pairs.csv", "pairs.jsonl.gz"])
+def test_a_local_file_of_another_kind_says_what_is_read_instead_of_asking_the_hub(name, tmp_path, capsys):
+    """A CSV or a gzip file was sent to the Hugging Face Hub as a dataset name ("Couldn't reach ... on the Hub")."""
+    import gzip
+
+    path = tmp_path / name
+    if name.endswith(".gz"):
+        path.write_bytes(gzip.compress(b'{"prompt": "q", "chosen": "a", "rejected": "b"}\n'))
+        why = "a compressed file: rmkit reads JSON Lines (.jsonl), JSON (.json) and Parquet (.parquet) files"
+    else:
+        path.write_text("prompt,chosen,rejected\nq,a,b\n")
+        why = "rmkit reads JSON Lines (.jsonl), JSON (.json) and Parquet (.parquet) files"
+    assert cli.main(["data", "check", str(path)]) == 2
+    assert why in _error(capsys)
+    assert cli.main(["train", f"data.train_data_path={path}", f"checkpointing.checkpoint_dir={tmp_path / 'run'}"]) == 2
+    err = _error(capsys)
+    assert err.startswith(f"rmkit train: error: config key 'data.train_data_path': {path}") and why in err
