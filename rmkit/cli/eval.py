@@ -23,6 +23,7 @@ from rmkit.inference import RewardScorer, check_reward_model_dir, load_scorer
 from rmkit.report.build import length_warnings
 from rmkit.report.layouts import LAYOUTS, detect_layout
 from rmkit.report.metrics import pair_stats, response_length
+from rmkit.trainer.datasets import resolve_data_path
 from rmkit.validation import pair_metrics
 
 
@@ -194,7 +195,9 @@ def print_report(report: dict, out_dir: str) -> None:
 
 
 def check_paths(args: argparse.Namespace) -> None:
-    """The data files, the models and the report folder, before any model loads (a ConfigError naming the option)."""
+    """The data files (`default` / `default-val`: the embedded set, as `rmkit train` reads them), the models and the
+    report folder, before any model loads (a ConfigError naming the option)."""
+    args.data = [resolve_data_path(data) for data in args.data]
     for data in args.data:
         check_data_path(data, "--data")
     for model in args.model:

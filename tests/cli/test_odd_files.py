@@ -165,3 +165,9 @@ def test_a_local_file_of_another_kind_says_what_is_read_instead_of_asking_the_hu
     assert cli.main(["train", f"data.train_data_path={path}", f"checkpointing.checkpoint_dir={tmp_path / 'run'}"]) == 2
     err = _error(capsys)
     assert err.startswith(f"rmkit train: error: config key 'data.train_data_path': {path}") and why in err
+
+
+def test_eval_takes_the_embedded_set_by_the_name_train_takes(tiny_decoder, capsys):
+    """`rmkit train` reads `default-val`; `rmkit eval --data default-val` called it a missing file."""
+    assert cli.main(["eval", "--model", tiny_decoder, "--data", "default-val"]) == 0
+    assert "rmkit/resources/default_val.jsonl scored by" in capsys.readouterr().out
