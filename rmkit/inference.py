@@ -29,7 +29,7 @@ from rmkit.data.records import Message
 from rmkit.data.tokenize import TokenizedPairs, fit_inputs, tokenize_pairs
 from rmkit.distributed import all_reduce, is_distributed
 from rmkit.errors import ConfigError
-from rmkit.models.reward import load_reward_model, uses_last_token_pooling
+from rmkit.models.reward import config_architectures, load_reward_model, uses_last_token_pooling
 from rmkit.models.scoring import length_sorted_batches, score_sequences
 from rmkit.models.setup import autocast, check_length, loading_errors, model_source
 
@@ -102,10 +102,10 @@ def check_reward_model_dir(name: str, key: str = "--model") -> str:
             return str(path)
         raise ConfigError(key, f"{name} is not a model directory: it has no config.json ({hint})")
     try:
-        architectures = json.loads((path / "config.json").read_text()).get("architectures") or []
-    except (ValueError, AttributeError) as err:
-        raise ConfigError(key, f"{path / 'config.json'} is not a model config: {err}") from None
-    causal = [a for a in architectures if str(a).endswith(CAUSAL_LM_ARCHITECTURES)]
+        architectures = config_architectures(path)
+    except ValueError as err:
+        raise ConfigError(key, str(err)) from None
+    causal = [a for a in architectures if a.endswith(CAUSAL_LM_ARCHITECTURES)]
     if causal:
         raise ConfigError(key, f"{name} is a causal language model ({causal[0]}), not a reward model: a reward model "
                                f"is a sequence classifier (...ForSequenceClassification); {hint}")

@@ -64,7 +64,7 @@ def read_jsonl(path: str | Path) -> Iterator[RawRecord | DataError]:
             if not isinstance(data, dict):
                 yield DataError(path, number, None, f"expected a JSON object, got {type(data).__name__}")
                 continue
-            if (bad := unencodable(data)) is not None:
+            if "\\u" in text and (bad := unencodable(data)) is not None:  # only an escape makes a lone surrogate
                 yield DataError(path, number, *bad)
                 continue
             yield RawRecord(path, number, data)
@@ -108,7 +108,7 @@ def read_json(path: str | Path) -> Iterator[RawRecord | DataError]:
         raise DataError(path, None, None, "expected a JSON list of objects")
     if not data:
         raise DataError(path, None, None, "the file is empty (no records)")
-    yield from _from_rows(path, data)
+    yield from _from_rows(path, data, may_hold_surrogates="\\u" in text)
 
 
 def read_parquet(path: str | Path) -> Iterator[RawRecord | DataError]:
@@ -147,11 +147,13 @@ def read_hf_dataset(name_or_path: str, split: str = "train") -> Iterator[RawReco
     yield from _from_rows(f"{name_or_path}:{split}" if split != "train" else name_or_path, dataset)
 
 
-def _from_rows(path: str, rows) -> Iterator[RawRecord | DataError]:
+def _from_rows(path: str, rows, may_hold_surrogates: bool = False) -> Iterator[RawRecord | DataError]:
+    """`rows` as records; `may_hold_surrogates`: the source is JSON text with `\\u` escapes (Parquet's and Arrow's
+    strings are valid UTF-8, so only an escape can make a lone surrogate: `unencodable` runs only then)."""
     for index, row in enumerate(rows):
         if not isinstance(row, dict):
             yield DataError(path, index, None, f"expected an object, got {type(row).__name__}")
-        elif (bad := unencodable(row)) is not None:
+        elif may_hold_surrogates and (bad := unencodable(row)) is not None:
             yield DataError(path, index, *bad)
         else:
             yield RawRecord(path, index, row, line_oriented=False)

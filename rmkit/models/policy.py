@@ -8,7 +8,6 @@ say which tokens are real, so pad may equal eos); generation pads prompts on the
 from __future__ import annotations
 
 import functools
-import json
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from transformers import AutoModelForCausalLM, PreTrainedModel
 from rmkit import distributed as dist
 from rmkit.errors import ConfigError
 from rmkit.models.reward import (
+    config_architectures,
     find_gguf_file,
     forget_dequantized_gguf,
     load_tokenizer,
@@ -60,14 +60,13 @@ def warn_plain_prompts(name: str) -> None:
 def check_not_a_classifier(path: str, key: str) -> None:
     """A ConfigError naming `key` when the model folder `path` holds a sequence classifier (a reward model): loaded as
     a policy it would get a random language-model head."""
-    config = Path(path) / "config.json"
-    if not config.is_file():
+    if not (Path(path) / "config.json").is_file():
         return
     try:
-        architectures = json.loads(config.read_text(encoding="utf-8")).get("architectures") or []
-    except (ValueError, AttributeError):
+        architectures = config_architectures(path)
+    except ValueError:
         return  # transformers says what is wrong with it
-    classifiers = [a for a in architectures if str(a).endswith("ForSequenceClassification")]
+    classifiers = [a for a in architectures if a.endswith("ForSequenceClassification")]
     if classifiers:
         raise ConfigError(key, f"{path} is a sequence classifier ({classifiers[0]}: a reward model), not a causal "
                                "language model: as a policy its language-model head would be random. Give a causal "

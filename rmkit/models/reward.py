@@ -10,6 +10,7 @@ exported model. Encoder classifiers (BERT family) keep their own pooler (the [CL
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +21,16 @@ from transformers.utils import logging as hf_logging
 from rmkit.models.first_token import first_token_last_layer
 
 PAD_TOKEN = "<|rmkit_pad|>"
+
+
+def config_architectures(folder: str | Path) -> list[str]:
+    """The `architectures` a model folder's `config.json` names (empty when it names none); ValueError when the file
+    is not a model config (not JSON, not a mapping)."""
+    try:
+        return [str(a) for a in json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+                .get("architectures") or []]
+    except (ValueError, AttributeError) as err:
+        raise ValueError(f"{Path(folder) / 'config.json'} is not a model config: {err}") from None
 
 
 def find_gguf_file(name_or_path: str | Path) -> str | None:

@@ -90,3 +90,15 @@ def test_a_cut_json_line_names_the_column_where_it_stops(tmp_path):
     with pytest.raises(DataError) as err:
         load_preference_data(path)
     assert len(line) == 45 and str(err.value) == f"{path}:2: invalid JSON: Expecting ',' delimiter (column 46)"
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".json"])
+def test_a_lone_surrogate_escape_is_the_records_error(tmp_path, suffix):
+    """Valid JSON, not text: JSON Lines and JSON arrays name the record and the field."""
+    good = '{"prompt": "q", "chosen": "a", "rejected": "b"}'
+    bad = '{"prompt": "q", "chosen": "x \\ud800 y", "rejected": "b"}'
+    path = tmp_path / f"pairs{suffix}"
+    path.write_text(f"{good}\n{bad}\n" if suffix == ".jsonl" else f"[{good}, {bad}]")
+    where = f"{path}:2" if suffix == ".jsonl" else f"{path}:1"
+    with pytest.raises(DataError, match=rf"{where}: field 'chosen': holds a lone surrogate \(\\ud800\)"):
+        load_preference_data(path)
