@@ -58,7 +58,7 @@ class RecipeParts:
 
     - `action`, `length`: the announcement, "<action> (N trainable parameters) for <length> on <device>".
     - `step(indices)`: one step over the global batch `indices` (this rank's share of it is the recipe's business),
-      its update applied (`apply_update`); returns a `StepReport`.
+      its update applied (`apply_update`, or `supervised_report` for a supervised recipe); returns a `StepReport`.
     - `validate(step)`: the validation metrics, logged by the recipe (`run.logger`); None: nothing to validate on.
     - `shown`: the endings of the validation metrics printed after each validation (empty: the recipe prints).
     - `tokenizer`: saved with every checkpoint, so a step folder works as a model folder.
@@ -205,25 +205,19 @@ def apply_update(state: TrainState, loss: float, max_grad_norm: float | None, hi
     return lr, optimizer_step(state.model, state.optimizer, state.scheduler, max_grad_norm)
 
 
-def update(state: TrainState, metrics: dict[str, torch.Tensor], max_grad_norm: float | None,
-           hint: str) -> dict[str, Any]:
-    """A global batch's update: its metrics (0-dim tensors, `loss` among them) read on the host in one sync, then
-    `apply_update`. Returns the metrics as `train/<name>` floats with `train/grad_norm` (a tensor, read when
-    logged) and `train/lr`."""
-    names = list(metrics)
-    values = dict(zip(names, torch.stack([metrics[k].float() for k in names]).tolist()))
-    lr, grad_norm = apply_update(state, values["loss"], max_grad_norm, hint)
-    return {**{f"train/{k}": v for k, v in values.items()}, "train/grad_norm": grad_norm, "train/lr": lr}
-
-
 def supervised_report(state: TrainState, policy, metrics: dict[str, torch.Tensor], items: int, tokens: int,
                       shown: dict[str, str], hint: str | None = None) -> StepReport:
-    """A supervised recipe's step after its forward and backward: `update` (`policy.max_grad_norm`; `hint` for a
-    diverged loss, by default the learning rate's), then its report: `items` and `tokens` (this rank's share)
-    summed over ranks, and `shown` (bar name -> metric name) for the progress bar."""
+    """A supervised recipe's step after its forward and backward: the global batch's metrics (0-dim tensors, `loss`
+    among them) read on the host in one sync, the update (`apply_update`, `policy.max_grad_norm`; `hint` for a
+    diverged loss, by default the learning rate's), then its report: the metrics as `train/<name>` with
+    `train/grad_norm` (a tensor, read when logged) and `train/lr`, `items` and `tokens` (this rank's share) summed
+    over ranks, and `shown` (bar name -> metric name) for the progress bar."""
     hint = hint or (f"Lower policy.optimizer.lr (now {policy.optimizer.lr}), set policy.max_grad_norm, or check the "
                     "data near this batch.")
-    logged = update(state, metrics, policy.max_grad_norm, hint)
+    names = list(metrics)
+    values = dict(zip(names, torch.stack([metrics[k].float() for k in names]).tolist()))
+    lr, grad_norm = apply_update(state, values["loss"], policy.max_grad_norm, hint)
+    logged = {**{f"train/{k}": v for k, v in values.items()}, "train/grad_norm": grad_norm, "train/lr": lr}
     counts = dist.all_reduce_sum(torch.tensor([float(items), float(tokens)])).tolist()
     bar = {name: logged[f"train/{metric}"] for name, metric in shown.items() if f"train/{metric}" in logged}
     return StepReport(logged, int(counts[0]), int(counts[1]), bar)
