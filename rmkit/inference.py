@@ -11,13 +11,17 @@ the benchmarks. It owns
   response into one), cut on its own by the one truncation rule (`data.tokenize.fit_inputs`), so a text's
   reward never depends on what it is paired or batched with;
 - token-budgeted batching and reading the head (`models.scoring.score_sequences`);
-- turning raw `[N, K]` head outputs into one scalar per input (attribute weights, normalization).
+- turning raw `[N, K]` head outputs into one scalar per input (attribute weights, normalization);
+- a process reward model's steps (`RewardScorer.score_steps`): a solution laid out as its training laid it out
+  (`data.step_tokenize`), the head read at every step's separator, each step's probability of being correct
+  and their aggregate, the contract's `step_aggregation`.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -26,11 +30,12 @@ import torch
 import yaml
 
 from rmkit.data.records import Message
+from rmkit.data.step_tokenize import solution_ids
 from rmkit.data.tokenize import TokenizedPairs, fit_inputs, tokenize_pairs
 from rmkit.distributed import all_reduce, is_distributed
 from rmkit.errors import ConfigError
 from rmkit.models.reward import config_architectures, load_reward_model, uses_last_token_pooling
-from rmkit.models.scoring import length_sorted_batches, score_sequences
+from rmkit.models.scoring import length_sorted_batches, score_positions, score_sequences
 from rmkit.models.setup import autocast, check_length, loading_errors, model_source
 
 CONTRACT_FILE = "scoring_contract.json"
@@ -80,6 +85,35 @@ class ScoringContract:
 
 
 STEP_FIELDS = ("step_separator", "step_label", "step_aggregation")  # written only when set
+STEP_AGGREGATIONS = ("min", "prod", "last")
+
+
+def aggregate_steps(probabilities: Sequence[float], how: str) -> float:
+    """One reward from a solution's step probabilities: their minimum (`min`: a solution is as good as its worst
+    step), product (`prod`: the probability every step is correct, steps taken as independent) or the last
+    step's (`last`)."""
+    if how == "min":
+        return min(probabilities)
+    if how == "prod":
+        return math.prod(probabilities)
+    if how == "last":
+        return probabilities[-1]
+    raise ConfigError("step_aggregation", f"must be one of {', '.join(STEP_AGGREGATIONS)}, got {how!r}")
+
+
+@dataclass(frozen=True)
+class StepRewards:
+    """A solution's scores from a process reward model: `step_rewards`, each step's probability of being correct
+    (None for a step whose separator falls past the contract's max length: the solution keeps its beginning), and
+    `reward`, their aggregate (None when a step is unscored: an aggregate of part of the steps is not the
+    solution's)."""
+
+    step_rewards: list[float | None]
+    reward: float | None
+
+    @property
+    def cut(self) -> bool:
+        return self.reward is None
 
 
 CAUSAL_LM_ARCHITECTURES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
@@ -168,6 +202,11 @@ def read_contract(model_dir: str | Path, model, tokenizer) -> ScoringContract:
         raise ConfigError("model", f"{path}: the tokenizer's chat template is not the one this model was "
                                    "exported with (chat_template_sha256 differs); restore the exported "
                                    "tokenizer_config.json / chat_template.jinja")
+    if contract.step_separator is not None and contract.step_aggregation not in STEP_AGGREGATIONS:
+        raise ConfigError("model", f"{path}: a process reward model's 'step_aggregation' must be one of "
+                                   f"{', '.join(STEP_AGGREGATIONS)}, got {contract.step_aggregation!r}")
+    if contract.step_separator is not None and contract.num_labels != 1:
+        raise ConfigError("model", f"{path}: a process reward model has one output, not {contract.num_labels}")
     if contract.num_labels != model.config.num_labels:
         raise ConfigError("model", f"{path}: num_labels {contract.num_labels} but the model has "
                                    f"{model.config.num_labels} outputs")
@@ -249,6 +288,53 @@ class RewardScorer:
     def score(self, inputs: Sequence[str | list[Message]]) -> torch.Tensor:
         """Raw rewards `[N, K]` of N texts or conversations."""
         return self.score_ids([ids for ids, _ in self.encode(inputs)])
+
+    @property
+    def is_process(self) -> bool:
+        """Whether the model scores steps (its contract names a step separator)."""
+        return self.contract.step_separator is not None
+
+    def check_process(self, name: str, key: str = "--model") -> None:
+        """ConfigError naming `key` unless the model is a process reward model."""
+        if not self.is_process:
+            raise ConfigError(key, f"{name} is not a process reward model (its scoring_contract.json names no "
+                                   "step_separator): it gives one reward per text, not one per step. Give the "
+                                   "final/ of a `rmkit train --config configs/prm.yaml` run")
+
+    def check_outcome(self, name: str, key: str = "--model") -> None:
+        """ConfigError naming `key` when the model is a process reward model (a path that scores whole texts)."""
+        if self.is_process:
+            raise ConfigError(key, f"{name} is a process reward model (scoring_contract.json step_separator "
+                                   f"{self.contract.step_separator!r}): it scores the steps of a solution, not a "
+                                   "whole response. Score steps with `rmkit score` (records with `steps`) or "
+                                   "evaluate it on step-labelled data (ProcessBench layout) with `rmkit eval --report`")
+
+    def encode_solution(self, prompt: str, steps: Sequence[str]) -> tuple[list[int], list[int], int]:
+        """`(ids, positions, num_steps)` of one solution: its ids cut to the max length (the beginning kept, as in
+        training) and the label positions of the steps whose separator fits."""
+        ids, ends = solution_ids(self.tokenizer, prompt, steps, self.contract.step_separator)
+        return ids[: self.max_length], [end for end in ends if end < self.max_length], len(ends)
+
+    def score_steps(self, solutions: Sequence[tuple[str, Sequence[str]]]) -> list[StepRewards]:
+        """Each `(prompt, steps)` solution's step probabilities and reward (`StepRewards`), in order; the model's
+        train/eval mode is restored afterwards."""
+        encoded = [self.encode_solution(prompt, steps) for prompt, steps in solutions]
+        device = next(self.model.parameters()).device
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with autocast(self.precision, device):
+                logits = score_positions(self.model, [ids for ids, _, _ in encoded], [p for _, p, _ in encoded],
+                                         self.tokenizer.pad_token_id, self.max_batch_tokens, self.max_batch_size)
+        finally:
+            self.model.train(was_training)
+        out = []
+        for (_, _, num_steps), scores in zip(encoded, logits):
+            probabilities = torch.sigmoid(scores[:, 0].double()).tolist()
+            missing = num_steps - len(probabilities)
+            reward = aggregate_steps(probabilities, self.contract.step_aggregation) if not missing else None
+            out.append(StepRewards(probabilities + [None] * missing, reward))
+        return out
 
     def scalar(self, raw: torch.Tensor, weights: torch.Tensor | None = None,
                normalize: bool = False) -> torch.Tensor | None:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.support.reward_models import pair_files, tiny_decoder, tiny_encoder  # noqa: F401 (fixtures for every directory)
+from tests.support.reward_models import pair_files, tiny_decoder, tiny_encoder, tiny_prm  # noqa: F401 (fixtures for every directory)
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

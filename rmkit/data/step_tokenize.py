@@ -47,20 +47,26 @@ class TokenizedSteps:
     steps_cut: int = 0
 
 
+def solution_ids(tokenizer, prompt: str, steps: Sequence[str], step_separator: str) -> tuple[list[int], list[int]]:
+    """The ids of `prompt` and `steps` laid out as the module docstring says (no cut), and every step's label
+    position (the last token of the separator after it)."""
+    ids = list(tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    separator = tokenizer.encode(step_separator, add_special_tokens=False)
+    ends = []
+    for step in tokenizer(list(steps), add_special_tokens=False)["input_ids"]:  # one call: a fast tokenizer batches
+        ids += list(step) + separator
+        ends.append(len(ids) - 1)
+    return ids, ends
+
+
 def tokenize_solution(solution: StepSolution, tokenizer, step_separator: str,
                       train_on_last_step_only: bool = False) -> StepIds:
     """The whole solution as ids (no cut), its trained labels at their separators' last tokens."""
-    ids = list(tokenizer(solution.prompt, add_special_tokens=True)["input_ids"])
-    separator = tokenizer.encode(step_separator, add_special_tokens=False)
-    positions, labels = [], []
+    ids, ends = solution_ids(tokenizer, solution.prompt, solution.steps, step_separator)
     last = len(solution.steps) - 1
-    steps = tokenizer(list(solution.steps), add_special_tokens=False)["input_ids"]  # one call: a fast tokenizer batches
-    for i, (step, label) in enumerate(zip(steps, solution.labels)):
-        ids += list(step) + separator
-        if label is not None and (not train_on_last_step_only or i == last):
-            positions.append(len(ids) - 1)
-            labels.append(bool(label))
-    return StepIds(solution.source, ids, tuple(positions), tuple(labels))
+    trained = [(end, bool(label)) for i, (end, label) in enumerate(zip(ends, solution.labels))
+               if label is not None and (not train_on_last_step_only or i == last)]
+    return StepIds(solution.source, ids, tuple(p for p, _ in trained), tuple(label for _, label in trained))
 
 
 def tokenize_steps(solutions: Sequence[StepSolution], tokenizer, max_length: int, step_separator: str,

@@ -220,6 +220,18 @@ def _integer(record: RawRecord, key: str, value) -> int:
     return int(value)
 
 
+def solution_to_score(record: RawRecord, prompt_key: str = "prompt", steps_key: str = "steps",
+                      separator: str | None = None) -> tuple[str, tuple[str, ...]]:
+    """`(prompt, steps)` of a record a process reward model scores (labels, if any, are not read): the prompt
+    from `prompt_key` (ProcessBench's `problem` when the record has no such field), the steps from `steps_key`
+    (TRL's `completions` when it has no such field); a step holding `separator` is an error."""
+    if prompt_key not in record.data and "problem" in record.data:
+        prompt_key = "problem"
+    if steps_key not in record.data and "completions" in record.data:
+        steps_key = "completions"
+    return _text(record, prompt_key), _steps(record, steps_key, separator)
+
+
 # The record layouts ------------------------------------------------------------------------------------------
 
 def parse_stepwise(record: RawRecord, separator: str | None) -> list[StepSolution]:

@@ -8,7 +8,7 @@ import torch
 from transformers import PreTrainedModel
 
 from rmkit.data.collate import pad_right
-from rmkit.models.reward import compute_rewards
+from rmkit.models.reward import compute_rewards, uses_last_token_pooling
 
 
 def length_sorted_batches(
@@ -62,3 +62,31 @@ def _score_sequences(model, sequences, pad_token_id, max_batch_tokens, max_batch
     for _ in range(min_forwards - len(length_sorted_batches(lengths, max_batch_tokens, max_batch_size))):
         compute_rewards(model, *(t.to(device) for t in pad_right([[pad_token_id]], pad_token_id)))
     return torch.stack(rewards) if rewards else torch.zeros((0, model.config.num_labels))
+
+
+def score_positions(
+    model: PreTrainedModel,
+    sequences: Sequence[Sequence[int]],
+    positions: Sequence[Sequence[int]],
+    pad_token_id: int,
+    max_batch_tokens: int = 16384,
+    max_batch_size: int = 256,
+) -> list[torch.Tensor]:
+    """The head's outputs `[n_i, K]` (float32, on CPU) at `positions[i]` of each of N sequences, in order: a
+    process reward model's step scores (a decoder: the output at a position has seen only the tokens up to it).
+    Batched as `score_sequences`, so a row's scores do not depend on what it is batched with beyond float
+    rounding."""
+    if not uses_last_token_pooling(model):
+        raise ValueError(f"{type(model).__name__} pools its own [CLS] token: scores at positions need a decoder")
+    device = next(model.parameters()).device
+    out: list[torch.Tensor | None] = [None] * len(sequences)
+    with torch.no_grad(), torch.inference_mode():
+        for batch in length_sorted_batches([len(s) for s in sequences], max_batch_tokens, max_batch_size):
+            input_ids, attention_mask = pad_right([sequences[i] for i in batch], pad_token_id)
+            rows = torch.tensor([row for row, i in enumerate(batch) for _ in positions[i]], dtype=torch.long)
+            cols = torch.tensor([p for i in batch for p in positions[i]], dtype=torch.long)
+            scores = compute_rewards(model, input_ids.to(device), attention_mask.to(device),
+                                     read_at=(rows.to(device), cols.to(device))).cpu()
+            for index, part in zip(batch, scores.split([len(positions[i]) for i in batch])):
+                out[index] = part
+    return out

@@ -165,3 +165,16 @@ def test_a_reward_model_given_as_the_policy_is_refused_before_anything_loads(rec
                               "classifier (LlamaForSequenceClassification: a reward model), not a causal language "
                               "model: as a policy its language-model head would be random. Give a causal LM (e.g. "
                               "smollm2, or the final/ of rmkit sft)")
+
+
+def test_score_names_an_output_it_cannot_write_before_the_model_loads(tmp_path, pairs, capsys):
+    """A `--output` under a file, or one that is a folder: one line naming `--output` before the model (here a
+    path that does not exist) is looked at, so no scoring is lost to it."""
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a folder")
+    model = str(tmp_path / "missing_model")
+    assert cli.main(["score", "--model", model, "--input", str(pairs), "--output", str(blocker / "o.jsonl")]) == 2
+    assert _error(capsys) == (f"rmkit score: error: config key '--output': cannot write {blocker / 'o.jsonl'}: "
+                              f"{blocker} is a file, not a folder; give --output a file in a folder you can write")
+    assert cli.main(["score", "--model", model, "--input", str(pairs), "--output", str(tmp_path)]) == 2
+    assert f"config key '--output': {tmp_path} is a folder" in _error(capsys)

@@ -50,6 +50,24 @@ def tiny_encoder(tmp_path_factory) -> str:
     return str(path)
 
 
+@pytest.fixture(scope="session")
+def tiny_prm(tiny_decoder, tmp_path_factory) -> str:
+    """`tiny_decoder` as a process reward model's export: its scoring contract names the step separator "\\n\\n",
+    what a step's score means and the `min` aggregation (as `rmkit train --config configs/prm.yaml` writes it)."""
+    from dataclasses import replace
+
+    from rmkit.inference import contract_for, write_contract
+    from rmkit.models import load_reward_model
+
+    model, tokenizer = load_reward_model(tiny_decoder)
+    path = tmp_path_factory.mktemp("tiny_prm")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    write_contract(replace(contract_for(model, tokenizer, 512), step_separator="\n\n",
+                           step_label="probability the step is correct", step_aggregation="min"), path)
+    return str(path)
+
+
 def write_pairs(path: Path, n: int, offset: int = 0) -> Path:
     """`n` binary preference records with a learnable signal (a polite correct reply vs a rude one)."""
     with open(path, "w", encoding="utf-8") as out:
