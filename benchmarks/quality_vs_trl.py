@@ -315,11 +315,11 @@ def main(argv: list[str] | None = None) -> int:
                "epochs": args.epochs, "batch_size": args.batch_size, "split_seed": args.split_seed,
                "train_pairs": sum(1 for _ in train_path.open(encoding="utf-8"))}
     runs = []
+    earlier = reusable_runs(args.reuse, files, setting)  # read first: --reuse may name this study's own partial file
     partial = args.output.with_suffix(".partial.jsonl")  # one line per finished run: a long study survives a kill
     partial.parent.mkdir(parents=True, exist_ok=True)
     partial.write_text("")
     prepared: dict[int, dict] = {}
-    earlier = reusable_runs(args.reuse, files, setting)
     for seed in args.seeds:
         for variant in args.variants:
             label, _, overrides = variant

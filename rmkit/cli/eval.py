@@ -3,7 +3,8 @@
 
 `rmkit eval --model DIR [--model DIR2 ...] --data FILE [--data FILE2 ...] --report OUT_DIR` writes a
 report of every model on every file instead (`rmkit.report`): pairs (RewardBench v1 and any preference
-layout), RewardBench 2 and RM-Bench files, each recognised from its first record (or `--layout`)."""
+layout), RewardBench 2 and RM-Bench files, and ProcessBench files for process reward models, each recognised
+from its first record (or `--layout`)."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from rmkit.inference import RewardScorer, check_reward_model_dir, load_scorer
 from rmkit.report.build import length_warnings
 from rmkit.report.layouts import LAYOUTS, detect_layout
 from rmkit.report.metrics import pair_stats, response_length
+from rmkit.report.processbench import DEFAULT_THRESHOLD
 from rmkit.trainer.datasets import resolve_data_path
 from rmkit.validation import pair_metrics
 
@@ -57,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--format", default="auto", choices=FORMATS, help="record format (default: sniffed)")
     parser.add_argument("--layout", default="auto", choices=LAYOUTS,
                         help="with --report: pairs (RewardBench v1 and the --format layouts), rewardbench2 "
-                             "(chosen/rejected lists, num_correct) or rm-bench (three styles each) for every "
-                             "--data file (default: recognised from each file's first record)")
+                             "(chosen/rejected lists, num_correct), rm-bench (three styles each) or processbench "
+                             "(problem, steps, label: a process reward model's) for every --data file (default: "
+                             "recognised from each file's first record)")
     parser.add_argument("--prompt-key", default="prompt")
     parser.add_argument("--chosen-key", default="chosen")
     parser.add_argument("--rejected-key", default="rejected")
@@ -74,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-disagreements", type=int, default=50,
                         help="with several models: pairs per two models in disagreements.jsonl")
     parser.add_argument("--calibration-bins", type=int, default=10, help="bins of the reliability diagram")
+    parser.add_argument("--step-threshold", type=float, default=DEFAULT_THRESHOLD,
+                        help="ProcessBench: a step is judged wrong when its probability of being correct is below "
+                             "this (default 0.5, as ProcessBench's own evaluation code judges a step)")
     return parser
 
 
@@ -107,6 +113,7 @@ def evaluate(args: argparse.Namespace) -> dict:
         raise ConfigError("--report", f"{args.data} is in the {layout} layout, whose scores need a report: "
                                       "add --report OUT_DIR")
     scorer = load_for_inference(args)
+    scorer.check_outcome(args.model)
     loaded = load_preference_data(args.data, **load_options(args))
     tokenized = scorer.encode_pairs(loaded.records)
     report_skipped(args, loaded.skipped)
@@ -140,6 +147,8 @@ def write_model_report(args: argparse.Namespace) -> dict:
     for key in ("top_disagreements", "calibration_bins"):
         if getattr(args, key) < 1:
             raise ConfigError(f"--{key.replace('_', '-')}", f"must be >= 1, got {getattr(args, key)}")
+    if not 0 < args.step_threshold < 1:
+        raise ConfigError("--step-threshold", f"a probability strictly between 0 and 1, got {args.step_threshold}")
     evalset = load_eval_set(args.data, args.layout, **load_options(args))
     report_skipped(args, evalset.skipped)
     warn_identical(evalset.pairs)
@@ -148,7 +157,8 @@ def write_model_report(args: argparse.Namespace) -> dict:
         scorer = load_for_inference(argparse.Namespace(**{**vars(args), "model": path}))
         models.append(score_model(scorer, evalset, name, path))
         del scorer  # one model in memory at a time
-    return write_report(args.report, evalset, models, args.top_disagreements, args.calibration_bins)
+    return write_report(args.report, evalset, models, args.top_disagreements, args.calibration_bins,
+                        args.step_threshold)
 
 
 def _fraction(split: dict) -> str:
@@ -183,6 +193,12 @@ def print_report(report: dict, out_dir: str) -> None:
             rm = entry["rm_bench"]
             parts.append(benchmark_score("RM-Bench", rm) + (
                 f" (hard {rm['hard']:.4f}, normal {rm['normal']:.4f}, easy {rm['easy']:.4f})" if rm["complete"] else ""))
+        if "processbench" in entry:
+            pb = entry["processbench"]
+            average = f"{pb['average_f1']:.4f}" if pb["average_f1"] is not None else "-"
+            splits = ", ".join(f"{s} {v['f1']:.4f}" if v["f1"] is not None else f"{s} -"
+                               for s, v in pb["splits"].items())
+            parts.append(f"ProcessBench average F1 {average} ({splits}; threshold {pb['threshold']})")
         print(f"{name}: " + "; ".join(parts))
         bias = entry["length_bias"]
         if bias is not None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rmkit.report import rewardbench, rewardbench2, rmbench
+from rmkit.report import processbench, rewardbench, rewardbench2, rmbench
 from rmkit.report.metrics import agreement, calibration, most_disagreeing, pair_stats, sigmoid
 from rmkit.report.scoring import EvalSet, ModelScores
 
@@ -22,9 +22,10 @@ def subset_order(subsets: np.ndarray) -> list[str]:
     return [s for s in rewardbench.SUBSETS if s in present] + [s for s in present if s not in rewardbench.EXAMPLE_COUNTS]
 
 
-def model_report(evalset: EvalSet, scores: ModelScores, calibration_bins: int = 10) -> dict:
-    """One model's pair figures (`pair_report`), and `rewardbench_v2` / `rm_bench` when the data holds
-    those layouts."""
+def model_report(evalset: EvalSet, scores: ModelScores, calibration_bins: int = 10,
+                 step_threshold: float = processbench.DEFAULT_THRESHOLD) -> dict:
+    """One model's pair figures (`pair_report`), and `rewardbench_v2` / `rm_bench` / `processbench` when the
+    data holds those layouts."""
     entry = {"path": scores.path, "truncated": scores.truncated, "truncated_texts": scores.truncated_texts}
     if evalset.pairs:
         entry.update(pair_report(evalset, scores, calibration_bins))
@@ -34,6 +35,9 @@ def model_report(evalset: EvalSet, scores: ModelScores, calibration_bins: int = 
         entry["rewardbench_v2"] = rewardbench2.rewardbench2_scores(evalset.best_of, scores.best_of)
     if evalset.styles:
         entry["rm_bench"] = rmbench.rm_bench_scores(evalset.styles, scores.styles_chosen, scores.styles_rejected)
+    if evalset.solutions:
+        entry["processbench"] = processbench.processbench_scores(
+            evalset.solutions, [s.step_rewards for s in scores.steps], step_threshold)
     return entry
 
 
@@ -123,9 +127,10 @@ def style_rows(evalset: EvalSet, scores: ModelScores) -> list[dict]:
 
 
 def build_report(evalset: EvalSet, models: list[ModelScores], top_disagreements: int = 50,
-                 calibration_bins: int = 10) -> tuple[dict, list[dict]]:
+                 calibration_bins: int = 10,
+                 step_threshold: float = processbench.DEFAULT_THRESHOLD) -> tuple[dict, list[dict]]:
     """`report.json`'s object and the rows of `disagreements.jsonl` (none for one model)."""
-    reports = {m.name: model_report(evalset, m, calibration_bins) for m in models}
+    reports = {m.name: model_report(evalset, m, calibration_bins, step_threshold) for m in models}
     report = {"data": evalset.paths, "layouts": evalset.layouts, "num_pairs": len(evalset.pairs),
               "skipped": len(evalset.skipped), "accuracy_rule": "r_chosen > r_rejected (a tie is wrong)",
               "aggregation": rewardbench.SOURCE if rewardbench.is_rewardbench(evalset.subsets.tolist()) else None,
@@ -137,12 +142,15 @@ def build_report(evalset: EvalSet, models: list[ModelScores], top_disagreements:
     if evalset.styles:
         benchmarks["rm_bench"] = {"source": rmbench.SOURCE, "num_rows": len(evalset.styles),
                                   "styles": list(rmbench.STYLES)}
+    if evalset.solutions:
+        benchmarks["processbench"] = {"source": processbench.SOURCE, "num_rows": len(evalset.solutions),
+                                      "threshold": step_threshold, "rule": processbench.THRESHOLD_RULE}
     if benchmarks:
         report["benchmarks"] = benchmarks
     # The benchmarks' own leaderboard keys at the top, for the first model (the one under evaluation); every
     # model's, side by side, stay under `models.<name>`.
     first = models[0].name
-    for key in ("rewardbench_v2", "rm_bench"):
+    for key in ("rewardbench_v2", "rm_bench", "processbench"):
         if key in reports[first]:
             report[key] = {"model": first, **reports[first][key]}
     rows = []
@@ -158,15 +166,16 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 
 
 def write_report(out_dir: str | Path, evalset: EvalSet, models: list[ModelScores], top_disagreements: int = 50,
-                 calibration_bins: int = 10) -> dict:
+                 calibration_bins: int = 10, step_threshold: float = processbench.DEFAULT_THRESHOLD) -> dict:
     """Write `report.json`, `report.html`, per model `scores-<model>.jsonl` (pairs),
-    `scores-rewardbench2-<model>.jsonl` and `scores-rm-bench-<model>.jsonl` (when the data holds those
-    layouts) and (two or more models, pairs) `disagreements.jsonl` into `out_dir`; returns the report."""
+    `scores-rewardbench2-<model>.jsonl`, `scores-rm-bench-<model>.jsonl` and `scores-processbench-<model>.jsonl`
+    (when the data holds those layouts) and (two or more models, pairs) `disagreements.jsonl` into `out_dir`;
+    returns the report."""
     from rmkit.report.html import render_html  # matplotlib is imported only here
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    report, rows = build_report(evalset, models, top_disagreements, calibration_bins)
+    report, rows = build_report(evalset, models, top_disagreements, calibration_bins, step_threshold)
     for scores in models:
         if evalset.pairs:
             _write_jsonl(out / f"scores-{scores.name}.jsonl", score_rows(evalset, scores))
@@ -174,6 +183,10 @@ def write_report(out_dir: str | Path, evalset: EvalSet, models: list[ModelScores
             _write_jsonl(out / f"scores-rewardbench2-{scores.name}.jsonl", best_of_rows(evalset, scores))
         if evalset.styles:
             _write_jsonl(out / f"scores-rm-bench-{scores.name}.jsonl", style_rows(evalset, scores))
+        if evalset.solutions:
+            _write_jsonl(out / f"scores-processbench-{scores.name}.jsonl", processbench.prediction_rows(
+                evalset.solutions, [s.step_rewards for s in scores.steps], [s.reward for s in scores.steps],
+                step_threshold))
     if len(models) > 1 and evalset.pairs:
         _write_jsonl(out / DISAGREEMENTS_FILE, rows)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

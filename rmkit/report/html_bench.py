@@ -1,5 +1,6 @@
-"""The report page's "RewardBench 2" and "RM-Bench" sections: every model side by side, the baselines, the
-Ties score's parts, and RM-Bench's 3x3 style matrix drawn per domain as a coloured grid."""
+"""The report page's "RewardBench 2", "RM-Bench" and "ProcessBench" sections: every model side by side, the
+baselines, the Ties score's parts, RM-Bench's 3x3 style matrix drawn per domain as a coloured grid, and
+ProcessBench's accuracies and F1 per split."""
 
 from __future__ import annotations
 
@@ -77,6 +78,27 @@ def rm_bench_section(report: dict) -> str:
     return "\n".join(parts)
 
 
+def processbench_section(report: dict) -> str:
+    data = report["benchmarks"]["processbench"]
+    models = {n: e["processbench"] for n, e in report["models"].items()}
+    first = next(iter(models.values()))
+    header = ["split", "erroneous", "correct"] + [f"{_e(n)}: {k}" for n in models
+                                                  for k in ("error acc.", "correct acc.", "F1")]
+    rows = [[_e(split), str(s["n_error"]), str(s["n_correct"])]
+            + [pct(m["splits"][split][k]) for m in models.values() for k in ("error_acc", "correct_acc", "f1")]
+            for split, s in first["splits"].items()]
+    rows.append(["<b>average F1</b>", "", ""] + [cell for m in models.values() for cell in ("", "", pct(m["average_f1"]))])
+    cut = {n: sum(s["cut"] for s in m["splits"].values()) for n, m in models.items()}
+    cut_note = (" Solutions longer than the model's max length (their last steps unscored, so judged right): "
+                + ", ".join(f"{_e(n)} {c}" for n, c in cut.items()) + ".") if any(cut.values()) else ""
+    return "\n".join([
+        "<h2>ProcessBench</h2>", table(header, rows),
+        f'<p class="note">Threshold {num(data["threshold"], 2)}: {_e(data["rule"])}. Error acc.: the erroneous '
+        "solutions whose first wrong step is found exactly; correct acc.: the correct solutions with no step judged "
+        f"wrong; F1: their harmonic mean; average F1: the mean over the splits. As {_e(data['source'])} computes "
+        f"them.{cut_note}</p>"])
+
+
 def benchmark_sections(report: dict) -> str:
     benchmarks = report.get("benchmarks", {})
     parts = []
@@ -84,4 +106,6 @@ def benchmark_sections(report: dict) -> str:
         parts.append(rewardbench2_section(report))
     if "rm_bench" in benchmarks:
         parts.append(rm_bench_section(report))
+    if "processbench" in benchmarks:
+        parts.append(processbench_section(report))
     return "\n".join(parts)

@@ -5,6 +5,8 @@ file line.
   `rmkit.data.load_preference_data` reads).
 - `rewardbench2`: RewardBench 2's best-of-N rows, `chosen` and `rejected` lists with `num_correct`.
 - `rm-bench`: RM-Bench's rows, `chosen` and `rejected` as the same answer in three styles.
+- `processbench`: ProcessBench's rows, a `problem`, its solution in `steps` and `label`, the first wrong step
+  (scored by a process reward model).
 
 RM-Bench publishes pretty-printed JSON lists, so a bad record is named by the line where its object opens
 (`located_records`), not by its index.
@@ -19,12 +21,15 @@ from pathlib import Path
 from rmkit.data.readers import JSON_SUFFIXES, JSONL_SUFFIXES, PARQUET_SUFFIXES, RawRecord, read_records
 from rmkit.errors import DataError
 
-LAYOUTS = ("auto", "pairs", "rewardbench2", "rm-bench")
+LAYOUTS = ("auto", "pairs", "rewardbench2", "rm-bench", "processbench")
 
 
 def layout_of_record(data: dict) -> str:
     """`rewardbench2` when `chosen` is a list and `num_correct` is present; `rm-bench` when `chosen` and
-    `rejected` are lists of texts (styles); else `pairs` (a list of chat messages is a conversation)."""
+    `rejected` are lists of texts (styles); `processbench` when it has `problem`, `steps` and `label`; else
+    `pairs` (a list of chat messages is a conversation)."""
+    if {"problem", "steps", "label"} <= set(data):
+        return "processbench"
     chosen, rejected = data.get("chosen"), data.get("rejected")
     if isinstance(chosen, list) and "num_correct" in data:
         return "rewardbench2"
