@@ -13,6 +13,7 @@ import json
 import statistics
 import sys
 
+from rmkit.cli.arguments import positive_int, sequence_length
 from rmkit.data import (
     AMBIGUOUS,
     FORMATS,
@@ -43,14 +44,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--chosen-key", default="chosen")
     check.add_argument("--rejected-key", default="rejected")
     check.add_argument("--label-key", default="label", help="regression labels field")
-    check.add_argument("--num-labels", type=int, default=None, help="regression: labels each record must have")
+    check.add_argument("--num-labels", type=positive_int, default=None, help="regression: labels each record must have")
     check.add_argument("--keep-ties", action="store_true", help="skip (count) ranked / HelpSteer3 ties instead of failing")
     check.add_argument("--allow-empty-response", action="store_true", help="accept empty chosen/rejected responses")
     check.add_argument("--identical", choices=("warn", "error"), default="warn", help="chosen identical to rejected")
     check.add_argument("--tokenizer", help="tokenizer directory: adds token length statistics")
     check.add_argument("--chat-template", help="a Jinja chat template file overriding the tokenizer's")
-    check.add_argument("--max-length", type=int, default=1024, help="the training max length (default 1024)")
-    check.add_argument("--batch-size", type=int, default=16, help="pairs per batch for the padding estimate")
+    check.add_argument("--max-length", type=sequence_length, default=1024, help="the training max length (default 1024)")
+    check.add_argument("--batch-size", type=positive_int, default=16, help="pairs per batch for the padding estimate")
     check.add_argument("--ambiguous", choices=AMBIGUOUS, default="drop",
                        help="step data: PRM800K's ambiguous rating 0 gives no label (drop) or a correct one")
     check.add_argument("--step-separator", help="step data: a step holding this text is an error (backslash "

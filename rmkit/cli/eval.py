@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from rmkit.cli import description
+from rmkit.cli.arguments import positive_int, sequence_length
 from rmkit.data import FORMATS, load_preference_data, write_rejects
 from rmkit.data.readers import check_data_path
 from rmkit.errors import ConfigError
@@ -34,12 +35,12 @@ def add_model_arguments(parser: argparse.ArgumentParser, several: bool = False) 
     parser.add_argument("--model", required=True, action="append" if several else "store",
                         help="reward model directory (rmkit export or any HF classifier)"
                              + ("; repeat it to compare models (--report)" if several else ""))
-    parser.add_argument("--max-length", type=int, default=None,
+    parser.add_argument("--max-length", type=sequence_length, default=None,
                         help="tokens per input (default: the model's scoring_contract.json, which every rmkit "
                              "path reads; else the model's position limit); longer inputs keep their end")
     parser.add_argument("--precision", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--batch-tokens", type=int, default=16384, help="padded tokens per forward pass")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--batch-tokens", type=positive_int, default=16384, help="padded tokens per forward pass")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
 
 
 def load_for_inference(args: argparse.Namespace) -> RewardScorer:
@@ -74,9 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--report", metavar="OUT_DIR", default=None,
                         help="write report.json, report.html, scores-<model>.jsonl (and disagreements.jsonl) there "
                              "instead of printing metrics (docs/reward-models/evaluate.md, 'The report')")
-    parser.add_argument("--top-disagreements", type=int, default=50,
+    parser.add_argument("--top-disagreements", type=positive_int, default=50,
                         help="with several models: pairs per two models in disagreements.jsonl")
-    parser.add_argument("--calibration-bins", type=int, default=10, help="bins of the reliability diagram")
+    parser.add_argument("--calibration-bins", type=positive_int, default=10, help="bins of the reliability diagram")
     parser.add_argument("--step-threshold", type=float, default=DEFAULT_THRESHOLD,
                         help="ProcessBench: a step is judged wrong when its probability of being correct is below "
                              "this (default 0.5, as ProcessBench's own evaluation code judges a step)")
@@ -144,9 +145,6 @@ def write_model_report(args: argparse.Namespace) -> dict:
     """Score every model on every file through the inference core, then `rmkit.report.write_report`."""
     from rmkit.report import load_eval_set, model_names, score_model, write_report
 
-    for key in ("top_disagreements", "calibration_bins"):
-        if getattr(args, key) < 1:
-            raise ConfigError(f"--{key.replace('_', '-')}", f"must be >= 1, got {getattr(args, key)}")
     if not 0 < args.step_threshold < 1:
         raise ConfigError("--step-threshold", f"a probability strictly between 0 and 1, got {args.step_threshold}")
     evalset = load_eval_set(args.data, args.layout, **load_options(args))

@@ -9,6 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
+from rmkit.cli.arguments import float_at_least, port, positive_int, sequence_length
 from rmkit.errors import ConfigError
 from rmkit.inference import DTYPES
 
@@ -17,7 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="rmkit serve", description=__doc__)
     p.add_argument("--model", required=True, help="reward-model directory (rmkit export or HF classifier)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default loopback only)")
-    p.add_argument("--port", type=int, default=8000, help="default 8000")
+    p.add_argument("--port", type=port, default=8000, help="default 8000")
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on scoring routes")
     p.add_argument("--open-route", action="append", default=[], metavar="PATH",
                    help="let this scoring route answer without --api-key, for clients that cannot send headers "
@@ -25,17 +26,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "loopback or a private network")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
-    p.add_argument("--max-batch-tokens", type=int, default=16384, help="padded tokens per forward pass")
-    p.add_argument("--max-batch-size", type=int, default=256, help="rows per forward pass")
-    p.add_argument("--batch-window-ms", type=float, default=5.0,
+    p.add_argument("--max-batch-tokens", type=positive_int, default=16384, help="padded tokens per forward pass")
+    p.add_argument("--max-batch-size", type=positive_int, default=256, help="rows per forward pass")
+    p.add_argument("--batch-window-ms", type=float_at_least(0.0), default=5.0,
                    help="how long a request waits for others to share its batch")
-    p.add_argument("--max-length", type=int, default=None,
+    p.add_argument("--max-length", type=sequence_length, default=None,
                    help="longest input in tokens (default: the model's scoring_contract.json, as eval and score)")
     p.add_argument("--overlong", choices=("truncate", "refuse"), default="truncate",
                    help="inputs over --max-length: cut as every rmkit path cuts them (oldest conversation "
                         "turns first, then keep the leading special tokens and the END), or answer 400")
-    p.add_argument("--max-inputs", type=int, default=1024, help="inputs per request (413 over it)")
-    p.add_argument("--max-body-bytes", type=int, default=16 * 1024 * 1024, help="request size (413 over it)")
+    p.add_argument("--max-inputs", type=positive_int, default=1024, help="inputs per request (413 over it)")
+    p.add_argument("--max-body-bytes", type=positive_int, default=16 * 1024 * 1024, help="request size (413 over it)")
     p.add_argument("--normalize", action="store_true",
                    help="serve (reward - mean) / std with the model's reward_stats.json")
     p.add_argument("--attribute-weights", default=None,
@@ -55,10 +56,6 @@ def parse_weights(text: str | None) -> list[float] | None:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
-    for key in ("max_inputs", "max_body_bytes", "max_length"):
-        value = getattr(args, key)
-        if value is not None and value < 1:
-            raise ConfigError(key.replace("_", "-"), f"must be >= 1, got {value}")
     import uvicorn  # the serve extra; imported here so `rmkit --help` does not need it
 
     from rmkit.serve.server import SCORING_ROUTES, create_app

@@ -1,5 +1,5 @@
-"""`RewardClient`: score texts or conversations on a remote `rmkit serve`, for trainers that run the
-reward model elsewhere. Splits inputs into requests of `batch_size`, sends up to `concurrency` at once,
+"""`RewardClient`: score texts or conversations (or, on a process reward model, solutions step by step) on a
+remote `rmkit serve`, for trainers that run the reward model elsewhere. Splits inputs into requests of `batch_size`, sends up to `concurrency` at once,
 retries connection errors, timeouts and 5xx answers with exponential backoff until `retry_deadline` seconds
 have passed (a server restart rides through), and raises on 4xx at once. An answer is checked before it is
 returned: one number (or one `[K]` list) per input, else `RewardServerError`; a reward is never made up."""
@@ -25,7 +25,7 @@ class RewardServerError(RuntimeError):
 
 
 class RewardClient:
-    """Client of `POST /v1/score`.
+    """Client of `POST /v1/score` (and `POST /v1/score_steps` for a process reward model).
 
     Args:
         url: server base URL, e.g. "http://127.0.0.1:8000".
@@ -63,18 +63,46 @@ class RewardClient:
         """One reward per conversation (a list of `{"role", "content"}` messages), in order."""
         return self._score("conversations", list(conversations), scalar)
 
+    def score_steps(self, solutions: Sequence[tuple[str, Sequence[str]]]) -> list[dict]:
+        """`{"step_rewards", "reward"}` per `(prompt, steps)` solution, in order, from a process reward model's
+        server (`POST /v1/score_steps`): each step's probability of being correct (None past the max length) and
+        their aggregate (None when a step is cut)."""
+        items = [{"prompt": prompt, "steps": list(steps)} for prompt, steps in solutions]
+        out = []
+        for body, n in zip(self._send_chunks("/v1/score_steps", "solutions", items), self._chunk_sizes(len(items))):
+            results = body.get("results") if isinstance(body, dict) else None
+            if not isinstance(results, list) or len(results) != n or not all(
+                    isinstance(r, dict) and "step_rewards" in r and "reward" in r for r in results):
+                raise RewardServerError(f"{self.url}/v1/score_steps answered {_snippet(body)} for {n} solutions "
+                                        "(malformed answer; expected 'results', one {'step_rewards', 'reward'} each)")
+            out.extend(results)
+        return out
+
     def health(self) -> dict:
         return self._http.get("/health").raise_for_status().json()
 
-    def _score(self, field: str, items: list, scalar: bool) -> list:
+    def server_info(self) -> dict:
+        """`GET /health` of an rmkit server (the served model, its max length and step separator), retried while the
+        server does not answer; an HTTP error answer (a peer server or proxy that has no /health) raises
+        `RewardServerError` with its status at once."""
+        return self._send("GET", "/health", retry_answers=False)
+
+    def _chunk_sizes(self, n: int) -> list[int]:
+        """The number of inputs in each request `_send_chunks` sends for `n` inputs."""
+        return [min(self.batch_size, n - i) for i in range(0, n, self.batch_size)]
+
+    def _send_chunks(self, path: str, field: str, items: list) -> list:
+        """The answers to `items` posted under `field` in requests of `batch_size`, `concurrency` at once, in order."""
         chunks = [items[i : i + self.batch_size] for i in range(0, len(items), self.batch_size)]
         if len(chunks) <= 1 or self.concurrency == 1:
-            results = [self._post({field: chunk}) for chunk in chunks]
-        else:
-            with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-                results = list(pool.map(lambda chunk: self._post({field: chunk}), chunks))
+            return [self._send("POST", path, {field: chunk}) for chunk in chunks]
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            return list(pool.map(lambda chunk: self._send("POST", path, {field: chunk}), chunks))
+
+    def _score(self, field: str, items: list, scalar: bool) -> list:
+        results = self._send_chunks("/v1/score", field, items)
         key = "scores" if scalar and results and isinstance(results[0], dict) and "scores" in results[0] else "rewards"
-        rewards = [reward for body, chunk in zip(results, chunks) for reward in self._checked(body, key, len(chunk))]
+        rewards = [reward for body, n in zip(results, self._chunk_sizes(len(items))) for reward in self._checked(body, key, n)]
         if scalar and rewards and isinstance(rewards[0], list):
             raise RewardServerError(f"{self.url} serves a {len(rewards[0])}-attribute model without "
                                     "--attribute-weights, so it has no scalar reward")
@@ -94,9 +122,9 @@ class RewardClient:
                                         "(malformed answer; expected a number or a list of numbers)")
         return values
 
-    def _post(self, payload: dict) -> dict:
-        """One request, retried on connection errors, timeouts and 5xx per `retry_delays` (and never past
-        `retry_deadline` seconds of wall clock from the first attempt)."""
+    def _send(self, method: str, path: str, payload: dict | None = None, retry_answers: bool = True) -> dict:
+        """One request, retried on connection errors, timeouts and (`retry_answers`) 5xx per `retry_delays` (and
+        never past `retry_deadline` seconds of wall clock from the first attempt)."""
         start, attempts, last = time.monotonic(), 0, "no attempt made"
         waits = retry_delays(self.backoff, self.max_backoff, self.retry_deadline, self.max_retries)
         for wait in itertools.chain([0.0], waits):
@@ -107,7 +135,7 @@ class RewardClient:
                 time.sleep(min(wait, remaining))
             attempts += 1
             try:
-                response = self._http.post("/v1/score", json=payload)
+                response = self._http.request(method, path, json=payload)
             except httpx.TransportError as err:  # refused, reset, timed out: worth another try
                 last = f"{type(err).__name__}: {err}"
                 self._outage(last)
@@ -117,15 +145,15 @@ class RewardClient:
                 try:
                     return response.json()
                 except ValueError:
-                    raise RewardServerError(f"{self.url}/v1/score answered {response.status_code} with a body "
+                    raise RewardServerError(f"{self.url}{path} answered {response.status_code} with a body "
                                             f"that is not JSON: {response.text[:200]!r} (malformed answer)") from None
             message = _error_message(response)
-            if response.status_code < 500:
-                raise RewardServerError(f"{self.url}/v1/score: {response.status_code} {message}",
+            if response.status_code < 500 or not retry_answers:
+                raise RewardServerError(f"{self.url}{path}: {response.status_code} {message}",
                                         response.status_code)
             last = f"{response.status_code} {message}"
             self._outage(last)
-        raise RewardServerError(f"{self.url}/v1/score failed after {attempts} attempts: {last} (retried for "
+        raise RewardServerError(f"{self.url}{path} failed after {attempts} attempts: {last} (retried for "
                                 f"{time.monotonic() - start:.1f} s; retry deadline {self.retry_deadline:g} s)")
 
     def _outage(self, cause: str) -> None:

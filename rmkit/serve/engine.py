@@ -9,6 +9,10 @@ Dynamic batching (the asyncio path): requests that arrive within `batch_window_m
 one are grouped; the group is sorted by length and cut into token-budgeted batches by the core in a
 single worker thread, and every request gets its own rows back, in its own order. While a group is
 in the model, new requests queue up and form the next group.
+
+A process reward model (its contract names a step separator) scores solutions, a prompt and its steps
+(`score_steps`: the core's `RewardScorer.score_steps`), not whole texts; a step request runs in the same worker
+thread, one at a time with the groups (no batching across requests).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch
 from rmkit.data.tokenize import keep_end
 from rmkit.data.validate import check_messages
 from rmkit.errors import ConfigError
-from rmkit.inference import load_scorer
+from rmkit.inference import StepRewards, load_scorer
 
 OVERLONG_CHOICES = ("truncate", "refuse")
 
@@ -164,6 +168,59 @@ class ScoringEngine:
     def score_conversations(self, conversations: Sequence[list[dict]]) -> torch.Tensor:
         """Raw rewards `[N, K]` for N conversations (lists of `{"role", "content"}` messages)."""
         return self.score_ids(self.encode_conversations(conversations)[0])
+
+    # ---- a process reward model's steps -------------------------------------------------------------
+
+    @property
+    def is_process(self) -> bool:
+        """Whether the model scores the steps of solutions (a process reward model)."""
+        return self.scorer.is_process
+
+    def check_solutions(self, solutions: Sequence[tuple[str, Sequence[str]]], where: str = "solutions") -> int:
+        """The tokens (after the cut) of `(prompt, steps)` solutions checked for a process reward model. InputError
+        naming `where[i]` and the field for an empty prompt, steps that are not a non-empty list of non-empty
+        strings, a step holding the step separator, a solution over the max length under "refuse"; and when the
+        model is not a process reward model."""
+        if not self.is_process:
+            raise InputError(f"{self.model_name} is not a process reward model (its scoring_contract.json names no "
+                             "step_separator): score whole texts with POST /v1/score")
+        if not solutions:
+            raise InputError("no solutions to score")
+        separator, tokens = self.scorer.contract.step_separator, 0
+        for i, (prompt, steps) in enumerate(solutions):
+            if not isinstance(prompt, str) or not prompt.strip():
+                raise InputError(f"{where}[{i}].prompt must be a non-empty string")
+            if not isinstance(steps, (list, tuple)) or not steps:
+                raise InputError(f"{where}[{i}].steps must be a non-empty list of steps (strings)")
+            for j, step in enumerate(steps):
+                if not isinstance(step, str) or not step.strip():
+                    raise InputError(f"{where}[{i}].steps[{j}] must be a non-empty string")
+                if separator in step:
+                    raise InputError(f"{where}[{i}].steps[{j}] contains the step separator {separator!r}: send it "
+                                     "as separate steps")
+            ids, positions, num_steps = self.scorer.encode_solution(prompt, steps)
+            if len(positions) < num_steps and self.overlong == "refuse":
+                raise InputError(f"{where}[{i}] has steps past the maximum of {self.max_length} tokens")
+            tokens += len(ids)
+        return tokens
+
+    def score_steps(self, solutions: Sequence[tuple[str, Sequence[str]]],
+                    where: str = "solutions") -> tuple[list[StepRewards], int]:
+        """Each `(prompt, steps)` solution's step probabilities and reward (the core's `score_steps`, whose
+        `StepRewards` says what a cut solution gets), checked first (`check_solutions`), and the tokens read."""
+        tokens = self.check_solutions(solutions, where)
+        with self._lock:
+            results = self.scorer.score_steps(solutions)
+        if self.on_batch is not None:
+            self.on_batch(1, len(solutions), tokens)
+        return results, tokens
+
+    async def score_steps_async(self, solutions: Sequence[tuple[str, Sequence[str]]],
+                                where: str = "solutions") -> tuple[list[StepRewards], int]:
+        """`score_steps` in the worker thread, after the group in the model now."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, self.score_steps, solutions, where)
+
+    # ---- rewards -----------------------------------------------------------------------------------
 
     def scalar_rewards(self, rewards: torch.Tensor) -> torch.Tensor | None:
         """One reward per row `[N]` from raw `[N, K]` (the core's `scalar` with this engine's weights and

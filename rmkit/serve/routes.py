@@ -313,3 +313,37 @@ async def pooling_route(engine: ScoringEngine, payload: dict, max_inputs: int) -
     raw = await engine.score_ids_async(ids)
     data = [{"index": i, "object": "pooling", "data": row.tolist()} for i, row in enumerate(raw)]
     return vllm_list_response("pool", engine, payload, data, ids)
+
+
+async def score_steps_route(engine: ScoringEngine, payload: dict, max_inputs: int) -> dict:
+    """`POST /v1/score_steps`: a process reward model's step rewards. `{"solutions": [{"prompt": str, "steps":
+    [str, ...]}]}` -> `{"model", "step_aggregation", "results": [{"step_rewards", "reward"}], "usage": {"tokens",
+    "truncated"}}`, the numbers `rmkit score` writes: each step's probability of being correct (null for a step
+    past the max length) and their aggregate (null when a step is cut)."""
+    if "solutions" not in payload:
+        raise HTTPError(400, "send 'solutions': a list of {\"prompt\": str, \"steps\": [str, ...]}")
+    solutions = payload["solutions"]
+    if not isinstance(solutions, list):
+        raise HTTPError(422, "'solutions' must be a list of {\"prompt\": str, \"steps\": [str, ...]} objects")
+    check_count(solutions, "solutions", max_inputs)
+    for i, solution in enumerate(solutions):
+        if not isinstance(solution, dict) or "prompt" not in solution or "steps" not in solution:
+            raise HTTPError(422, f"'solutions[{i}]' must be an object with 'prompt' (a string) and 'steps' (a list "
+                                 "of strings)")
+        if not isinstance(solution["prompt"], str):
+            raise HTTPError(422, f"'solutions[{i}].prompt' must be a string")
+        if not isinstance(solution["steps"], list) or not all(isinstance(s, str) for s in solution["steps"]):
+            raise HTTPError(422, f"'solutions[{i}].steps' must be a list of strings")
+    results, tokens = await engine.score_steps_async([(s["prompt"], s["steps"]) for s in solutions])
+    return {"model": engine.model_name, "step_aggregation": engine.scorer.contract.step_aggregation,
+            "results": [{"step_rewards": r.step_rewards, "reward": r.reward} for r in results],
+            "usage": {"tokens": tokens, "truncated": sum(r.cut for r in results)}}
+
+
+def refuse_process_model(engine: ScoringEngine, route: str) -> None:
+    """A whole-text route (`route`) on a process reward model answers 400: its head at a text's last token is no
+    reward of the text (the model was trained to judge the step before each separator)."""
+    if engine.is_process:
+        raise HTTPError(400, f"{engine.model_name} is a process reward model: it scores the steps of a solution, not "
+                             f"a whole text, so {route} does not serve it; POST /v1/score_steps "
+                             "{\"solutions\": [{\"prompt\", \"steps\"}]}")

@@ -109,6 +109,19 @@ class RerankRequest(_Open):
     use_activation: bool | None = None
 
 
+class StepSolution(BaseModel):
+    """A solution for a process reward model: its prompt (plain text) and its steps, none holding the separator."""
+
+    prompt: Text
+    steps: list[Text] = Field(min_length=1)
+
+
+class ScoreStepsRequest(_Open):
+    """A process reward model's scoring of solutions, step by step."""
+
+    solutions: list[StepSolution] = Field(min_length=1)
+
+
 class ErrorResponse(BaseModel):
     """Every 4xx / 5xx answer (OpenAI / vLLM's error shape)."""
 
@@ -128,6 +141,20 @@ class NativeScoreResponse(BaseModel):
     usage: ScoreUsage
     rewards: list[float] | list[list[float]]
     scores: list[float] | None = None
+
+
+class StepResult(BaseModel):
+    step_rewards: list[float | None]
+    """Each step's probability of being correct; null for a step past the max length."""
+    reward: float | None
+    """Their aggregate (`step_aggregation`); null when a step is cut."""
+
+
+class ScoreStepsResponse(BaseModel):
+    model: str
+    step_aggregation: Literal["min", "prod", "last"]
+    results: list[StepResult]
+    usage: ScoreUsage
 
 
 class TokenUsage(BaseModel):
@@ -253,6 +280,9 @@ class Health(BaseModel):
     model: str
     num_labels: int
     max_length: int
+    step_separator: str | None = None
+    """A process reward model's step separator; null for a model that scores whole texts."""
+    step_aggregation: Literal["min", "prod", "last"] | None = None
 
 
 # Per POST path: the request models (any of) and the 200 response models (any of).
@@ -268,6 +298,7 @@ ROUTE_MODELS: dict[str, tuple[tuple[type[BaseModel], ...], tuple[object, ...]]] 
     "/rerank": ((RerankRequest,), (RerankResponse,)),
     "/v1/rerank": ((RerankRequest,), (RerankResponse,)),
     "/pooling": ((ClassifyRequest,), (PoolingResponse,)),
+    "/v1/score_steps": ((ScoreStepsRequest,), (ScoreStepsResponse,)),
 }
 ERROR_STATUSES = {400: "bad request (a field's value)", 401: "missing or wrong API key",
                   413: "too many inputs or too large a body", 422: "a field of the wrong type",

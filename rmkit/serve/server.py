@@ -14,7 +14,12 @@
     GET  /v1/models  the OpenAI / vLLM model list
     POST /predict    text-embeddings-inference: {"inputs": str | [str] | [str, str] | [[str, str]],
                      "raw_scores"} -> [{"score", "label"}] per input (a list of lists for a batch)
-    GET  /health, GET /metrics (Prometheus text)
+    POST /v1/score_steps  a process reward model's steps: {"solutions": [{"prompt": str, "steps": [str]}]}
+                     -> {"results": [{"step_rewards", "reward"}], "model", "step_aggregation", "usage"}; the
+                     whole-text routes above answer 400 for a process reward model, /v1/score_steps 400 for
+                     any other
+    GET  /health (with the model's step_separator and step_aggregation, null for an outcome model),
+    GET  /metrics (Prometheus text)
 
 Bodies are read here and checked in `rmkit.serve.routes`, not by pydantic, so every bad request gets one JSON error in the
 OpenAI/vLLM shape `{"object": "error", "message", "type", "code"}` that names the problem; `rmkit.serve.schemas`
@@ -44,8 +49,10 @@ from rmkit.serve.routes import (
     models_listing,
     pooling_route,
     predict_route,
+    refuse_process_model,
     rerank_route,
     score_route,
+    score_steps_route,
     vllm_score_route,
 )
 from rmkit.serve.schemas import install_openapi
@@ -59,7 +66,9 @@ ERROR_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 413: "Payload
 SCORING_ROUTES = {"/v1/score": score_route, "/classify": classify_route, "/v1/classify": classify_route,
                   "/predict": predict_route, "/get_reward": get_reward_route, "/v1/embeddings": embeddings_route,
                   "/score": vllm_score_route, "/rerank": rerank_route, "/v1/rerank": rerank_route,
-                  "/pooling": pooling_route}
+                  "/pooling": pooling_route, "/v1/score_steps": score_steps_route}
+# The routes that score a whole text, which a process reward model does not serve (`refuse_process_model`).
+WHOLE_TEXT_ROUTES = frozenset(SCORING_ROUTES) - {"/v1/score_steps"}
 
 
 def error_response(status: int, message: str) -> JSONResponse:
@@ -121,6 +130,8 @@ def create_app(
         metrics.in_flight += 1
         try:
             authorize(request, route)
+            if route in WHOLE_TEXT_ROUTES:
+                refuse_process_model(engine, route)
             response = JSONResponse(await work(await read_json(request, max_body_bytes)))
         except HTTPError as err:
             status, response = err.status, error_response(err.status, err.message)
@@ -139,8 +150,10 @@ def create_app(
 
     @app.get("/health")
     async def health() -> dict:
+        contract = engine.scorer.contract
         return {"status": "ok", "model": engine.model_name, "num_labels": engine.num_labels,
-                "max_length": engine.max_length}
+                "max_length": engine.max_length, "step_separator": contract.step_separator,
+                "step_aggregation": contract.step_aggregation}
 
     started = int(time.time())
 

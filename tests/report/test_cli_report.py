@@ -90,9 +90,10 @@ def test_several_models_need_report(tiny_decoder, tmp_path, capsys):
     capsys.readouterr()
     code = rmkit_main(["eval", "--model", tiny_decoder, "--model", tiny_decoder, "--data", str(rb)])
     assert code == 2 and "several models or data files need --report" in capsys.readouterr().err
-    code = rmkit_main(["eval", "--model", tiny_decoder, "--data", str(rb), "--report", str(tmp_path / "o"),
-                       "--top-disagreements", "0"])
-    assert code == 2 and "--top-disagreements" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage_error:  # argparse's own: the value is checked before anything loads
+        rmkit_main(["eval", "--model", tiny_decoder, "--data", str(rb), "--report", str(tmp_path / "o"),
+                    "--top-disagreements", "0"])
+    assert usage_error.value.code == 2 and "argument --top-disagreements: must be >= 1" in capsys.readouterr().err
 
 
 def test_empty_responses_when_allowed(tiny_decoder, tmp_path, capsys):

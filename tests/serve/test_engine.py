@@ -148,7 +148,9 @@ def test_cli_reports_bad_arguments_without_a_traceback(tmp_path, bt_model_dir, c
     assert main(["serve", "--model", str(tmp_path)]) == 2  # a directory with no model in it
     assert "cannot load" in capsys.readouterr().err
     assert main(["serve", "--model", str(bt_model_dir), "--attribute-weights", "a,b"]) == 2
-    assert main(["serve", "--model", str(bt_model_dir), "--max-inputs", "0"]) == 2
+    with pytest.raises(SystemExit) as usage_error:  # argparse's own (tests/cli/test_argument_values.py)
+        main(["serve", "--model", str(bt_model_dir), "--max-inputs", "0"])
+    assert usage_error.value.code == 2 and "argument --max-inputs: must be >= 1, got 0" in capsys.readouterr().err
 
 
 def test_roles_are_the_data_librarys(engine):

@@ -1,0 +1,35 @@
+"""A number out of range on a command's options is argparse's usage error naming the option, before any model
+loads (the model path here does not exist, so a check after loading would name it instead): `eval --threads -2`
+died in torch after the model had loaded, `serve --port 70000` in the socket, `eval --batch-tokens 0` named an
+internal key."""
+
+import pytest
+
+from rmkit import cli
+
+DATA = "rmkit/resources/default_val.jsonl"
+MODEL = "/nonexistent/model"
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["eval", "--model", MODEL, "--data", DATA, "--threads", "-2"], "argument --threads: must be >= 1, got -2"),
+    (["eval", "--model", MODEL, "--data", DATA, "--threads", "0"], "argument --threads: must be >= 1, got 0"),
+    (["eval", "--model", MODEL, "--data", DATA, "--batch-tokens", "0"], "argument --batch-tokens: must be >= 1, got 0"),
+    (["eval", "--model", MODEL, "--data", DATA, "--max-length", "1"],
+     "argument --max-length: must be >= 2 tokens, got 1"),
+    (["eval", "--model", MODEL, "--data", DATA, "--report", "r", "--calibration-bins", "0"],
+     "argument --calibration-bins: must be >= 1, got 0"),
+    (["score", "--model", MODEL, "--input", DATA, "--output", "o.jsonl", "--threads", "two"],
+     "argument --threads: expected a whole number, got 'two'"),
+    (["serve", "--model", MODEL, "--port", "70000"], "argument --port: a TCP port is 0 to 65535, got 70000"),
+    (["serve", "--model", MODEL, "--max-batch-size", "0"], "argument --max-batch-size: must be >= 1, got 0"),
+    (["serve", "--model", MODEL, "--batch-window-ms", "-1"], "argument --batch-window-ms: must be >= 0.0, got -1"),
+    (["serve", "--model", MODEL, "--max-inputs", "0"], "argument --max-inputs: must be >= 1, got 0"),
+    (["data", "check", DATA, "--batch-size", "0"], "argument --batch-size: must be >= 1, got 0"),
+])
+def test_an_out_of_range_number_is_a_usage_error_before_anything_loads(argv, error, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].endswith(error), err
