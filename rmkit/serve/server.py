@@ -39,6 +39,7 @@ from functools import partial
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from rmkit.data.readers import unencodable
 from rmkit.serve.engine import InputError, ScoringEngine
 from rmkit.serve.metrics import ServerMetrics
 from rmkit.serve.routes import (
@@ -94,6 +95,8 @@ async def read_json(request: Request, max_body_bytes: int) -> dict:
         raise HTTPError(400, f"malformed JSON body: {err}") from err
     if not isinstance(payload, dict):
         raise HTTPError(422, "the JSON body must be an object")
+    if b"\\u" in body and (bad := unencodable(payload)) is not None:  # only an escape makes a lone surrogate
+        raise HTTPError(400, f"'{bad[0]}' {bad[1]}")
     return payload
 
 
