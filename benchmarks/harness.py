@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import resource
 import subprocess
 import sys
 import time
@@ -44,10 +43,20 @@ from benchmarks import common
 WORD_TABLE_ROWS = 1024  # smaller embedding tables (positions, token types) are not a model's input
 
 
+def resident_peak_mib() -> float:
+    """This process's own peak resident set so far, Linux's VmHWM. Not `ru_maxrss`: a process started by another
+    (fork, then exec) inherits the resident set its parent had at the fork as its floor, so a worker smaller than the
+    script that launched it would report the script's memory."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise SystemExit("/proc/self/status has no VmHWM line: the peak memory needs Linux")
+
+
 def memory_peaks() -> dict:
-    """`peak_rss_mib`: this process's peak resident set so far (Linux reports KiB); `peak_gpu_mib`:
+    """`peak_rss_mib`: this process's peak resident set so far (`resident_peak_mib`); `peak_gpu_mib`:
     `torch.cuda.max_memory_allocated()`, only where this process used CUDA."""
-    peaks = {"peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    peaks = {"peak_rss_mib": resident_peak_mib()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         peaks["peak_gpu_mib"] = torch.cuda.max_memory_allocated() / 2**20
     return peaks
