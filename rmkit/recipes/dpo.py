@@ -1,10 +1,11 @@
-"""The DPO recipe, top to bottom: config -> policy -> data -> reference log-probs -> optimizer -> loop -> export.
+"""The DPO recipe, top to bottom: config -> policy -> data -> optimizer -> reference log-probs -> loop -> export.
 
 Direct Preference Optimization (https://arxiv.org/abs/2305.18290) of a causal LM on preference pairs, with
 NeMo RL's `dpo.*` keys and metric names (`loss`, `sft_loss`, `preference_loss`, `accuracy`,
 `rewards_chosen_mean`, `rewards_rejected_mean`, plus `rewards_margin_mean` and `num_valid_samples`; rewards are
 the unscaled implicit rewards `log pi - log pi_ref` of a response). The reference policy's log-probs are
-computed once, before the first step, and cached on disk (`rmkit.trainer.reference_logprobs`); each step then
+computed once, before the first step, for the training pairs the run's steps take (all of them unless
+`dpo.max_num_steps` ends it first), and cached on disk (`rmkit.trainer.reference_logprobs`); each step then
 runs the policy alone, over each pair as one row with its prompt computed once (`PairLogits`). One global batch
 of pairs per optimizer step, split into micro-batches whose losses are divided by the global pair count (exact
 gradient accumulation, `rmkit.trainer.accumulate`).
@@ -12,6 +13,7 @@ gradient accumulation, `rmkit.trainer.accumulate`).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from rmkit.models.pair_logprobs import PLACEHOLDER, PairLogits, RefLogprobs, ref
 from rmkit.models.policy import load_training_policy
 from rmkit.recipes.configs import DPOTree
 from rmkit.trainer.accumulate import accumulate, global_metrics, plan_micro_batches
-from rmkit.trainer.datasets import load_policy_pairs, load_sets
+from rmkit.trainer.datasets import load_policy_pairs, load_sets, sampled_items
 from rmkit.trainer.export import export_policy
 from rmkit.trainer.lifecycle import RunResult, start_run
 from rmkit.trainer.logging.plots import plot_training_curves
@@ -135,13 +137,17 @@ def train(cfg: DPOTree) -> RunResult:
     def reference(pairs: list[PolicyPair], label: str):
         return reference_logprobs(pair_logits, pairs, micro, cache_dir, label, weights, settings)
 
-    train_refs = reference(train_pairs, "train")
+    # --- optimizer, schedule, state (before the reference pass: a short run needs the log-probs of its pairs only)
+    state, steps = sampled_state(cfg, cfg.dpo, model, [pair.length for pair in train_pairs])
+
+    used = sampled_items(state.sampler, steps)
+    if len(used) < len(train_pairs) and dist.is_main():
+        print(f"rmkit: dpo: reference log-probs of the {len(used)} of {len(train_pairs)} training pairs that the run's "
+              f"{steps} steps take", file=sys.stderr)
+    train_refs = dict(zip(used, reference([train_pairs[i] for i in used], "train")))
     limit = cfg.dpo.val_batches * cfg.dpo.val_global_batch_size if cfg.dpo.val_batches else None
     val = {name: (pairs[:limit], reference(pairs[:limit], f"validation-{name}")) for name, pairs in val_pairs.items()}
     loss_fn = DPOLossFn(cfg.dpo.loss_config())
-
-    # --- optimizer, schedule, state
-    state, steps = sampled_state(cfg, cfg.dpo, model, [pair.length for pair in train_pairs])
 
     def step(indices: list[int]) -> StepReport:
         batch, refs = [train_pairs[i] for i in indices], [train_refs[i] for i in indices]

@@ -183,6 +183,21 @@ def make_sampler(cfg, lengths: list[int], seed: int):
                                      num_replicas=world, rank=dist.rank())
 
 
+def sampled_items(sampler: LengthGroupedBatchSampler, steps: int) -> list[int]:
+    """The indices of every item the first `steps` global batches of `sampler` take, sorted: every rank's share (a
+    copy at one replica and the global batch size draws the same global batches; `sampler` is not moved)."""
+    whole = LengthGroupedBatchSampler(sampler.lengths, sampler.batch_size * sampler.num_replicas, seed=sampler.seed,
+                                      shuffle=sampler.shuffle, drop_last=sampler.drop_last,
+                                      mega_batch_mult=sampler.mega_batch_mult)
+    taken, epoch = set(), 0
+    while steps > 0:
+        whole.set_epoch(epoch)
+        batches = whole.batches()[:steps]
+        taken.update(i for batch in batches for i in batch)
+        steps, epoch = steps - len(batches), epoch + 1
+    return sorted(taken)
+
+
 def load_sets(data: DataConfig, out_dir: Path, load: Callable[[DataSet], list], noun: str) -> tuple[list, dict[str, list]]:
     """`(training items, {validation set name: items})`, each file through `load`; a training file that leaves no
     usable item is a DataError naming it."""

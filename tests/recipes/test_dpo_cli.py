@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -87,3 +88,20 @@ def test_malformed_record_is_a_file_line_error(tiny_policy, tmp_path, capsys):
 def test_unknown_key_at_the_cli(capsys):
     assert cli.main(["dpo", "--config", str(CONFIG), "dpo.no_such_key=1"]) == 2
     assert "dpo.no_such_key" in capsys.readouterr().err
+
+
+def test_a_short_run_computes_the_reference_of_its_pairs_only(tiny_policy, tmp_path, capsys):
+    """Two steps of 4 pairs from a file of 24 (issue 58: a 2-step run spent minutes on the reference log-probs of
+    the whole file): the reference pass covers the 8 pairs the steps take, and the run finishes."""
+    train = write_pairs(tmp_path / "train.jsonl", 24)
+    out = tmp_path / "run"
+    status = cli.main(["dpo", "--config", str(CONFIG), f"policy.model_name={tiny_policy}", f"data.train_data_path={train}",
+                       "data.val_data_paths={}", f"checkpointing.checkpoint_dir={out}",
+                       "dpo.max_num_steps=2", "dpo.val_period=0", "dpo.num_sample_generations=0",
+                       "policy.train_global_batch_size=4", "policy.max_total_sequence_length=64",
+                       "logger.progress_bar=false", "logger.tensorboard=false", "logger.plots=false"])
+    assert status == 0, capsys.readouterr().err
+    assert "rmkit: dpo: reference log-probs of the 8 of 24 training pairs that the run's 2 steps take" in \
+        capsys.readouterr().err
+    cached = torch.load(next((out / "reference_logprobs").glob("train-*.pt")), weights_only=True)
+    assert len(cached["lengths"]) == 2 * 8  # a chosen and a rejected response per pair
