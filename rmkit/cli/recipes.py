@@ -191,10 +191,13 @@ def _has_prm_section(config: str | None, overrides: list[str]) -> bool:
 
 
 def _validation_file(cfg) -> str:
-    """The run's first validation file, absolute and quoted for the shell (FILE.jsonl when it has none)."""
-    from rmkit.trainer.datasets import resolve_data_path
+    """The run's first validation file, absolute and quoted for the shell (FILE.jsonl when it has none); the embedded
+    sets by their names (`default-val`), which `eval` and `score` take from any folder."""
+    from rmkit.trainer.datasets import EMBEDDED, resolve_data_path
 
     paths = list(cfg.data.val_data_paths.values())
+    if paths and paths[0] in EMBEDDED:
+        return paths[0]
     if not paths or not Path(resolve_data_path(paths[0])).is_file():
         return "FILE.jsonl"
     return shlex.quote(str(Path(resolve_data_path(paths[0])).resolve()))

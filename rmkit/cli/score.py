@@ -26,12 +26,14 @@ from rmkit.data.tokenize import canonical_input
 from rmkit.data.validate import text_or_messages
 from rmkit.errors import DataError
 from rmkit.inference import check_reward_model_dir
+from rmkit.trainer.datasets import resolve_data_path
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rmkit score", description=description(__doc__))
     add_model_arguments(parser)
-    parser.add_argument("--input", required=True, help="JSONL / JSON / Parquet file of records")
+    parser.add_argument("--input", required=True,
+                        help="JSONL / JSON / Parquet file of records (default-val: the embedded validation set)")
     parser.add_argument("--output", required=True, help="JSONL file to write (the records plus rewards)")
     parser.add_argument("--prompt-key", default="prompt")
     parser.add_argument("--response-key", default="response")
@@ -62,6 +64,7 @@ def record_inputs(record: RawRecord, args: argparse.Namespace) -> tuple[list[str
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    args.input = resolve_data_path(args.input)  # `default` / `default-val`: the embedded set, as `train` reads it
     check_data_path(args.input, "--input")  # the mistakes a user makes most, found before the model loads
     output = check_output_file(args.output, "--output")
     check_reward_model_dir(args.model, "--model")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -42,15 +43,55 @@ def find_gguf_file(name_or_path: str | Path) -> str | None:
 
 @contextlib.contextmanager
 def transformers_progress_bars_off() -> Iterator[None]:
-    """Within the block transformers shows no progress bars ("Loading weights", "Writing model shards"):
-    rmkit loads and saves one small file set at a time, and the bars are noise in its CLI's output."""
+    """Within the block transformers shows no progress bars ("Loading weights", "Writing model shards", and the
+    GGUF reader's "Converting and de-quantizing GGUF tensors", a plain tqdm that transformers' switch does not
+    reach): rmkit loads and saves one small file set at a time, and the bars are noise in its CLI's output."""
+    from transformers import modeling_gguf_pytorch_utils as gguf_reader
+
     was_shown = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
+    bar = getattr(gguf_reader, "tqdm", None)
+    if bar is not None:
+        gguf_reader.tqdm = lambda iterable, *args, **kwargs: iterable
     try:
         yield
     finally:
+        if bar is not None:
+            gguf_reader.tqdm = bar
         if was_shown:
             hf_logging.enable_progress_bar()
+
+
+@contextlib.contextmanager
+def transformers_warnings_off() -> Iterator[None]:
+    """Within the block transformers logs errors only: its load report (a table of the weights a checkpoint lacks
+    or does not use) is replaced by `report_loading`'s line."""
+    level = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(level)
+
+
+def report_loading(name_or_path: str | Path, model: PreTrainedModel, info: dict) -> None:
+    """Say on stderr, in one line each, what a load left out: the score head a backbone gets (expected: a reward
+    model's head is trained from scratch), any other weight the checkpoint lacked (a warning: it starts random),
+    and the checkpoint's weights the classifier does not use (a causal LM's output layer: expected)."""
+    head = getattr(model, "base_model_prefix", "")
+    missing = sorted(set(info.get("missing_keys", ())) | {k for k, *_ in info.get("mismatched_keys", ())})
+    new_head = [k for k in missing if not k.startswith(head + ".")]
+    backbone = [k for k in missing if k.startswith(head + ".")]
+    unused = sorted(info.get("unexpected_keys", ()))
+    if new_head:
+        print(f"rmkit: {name_or_path}: a new score head ({', '.join(new_head)}) starts from random weights, as a "
+              "reward model's head does before training", file=sys.stderr)
+    if backbone:
+        print(f"rmkit: warning: {name_or_path}: {len(backbone)} backbone weights are not in the checkpoint and start "
+              f"from random values ({', '.join(backbone[:3])}{', ...' if len(backbone) > 3 else ''})", file=sys.stderr)
+    if unused:
+        print(f"rmkit: {name_or_path}: {len(unused)} weights of the checkpoint are not used by the classifier "
+              f"({', '.join(unused[:3])}{', ...' if len(unused) > 3 else ''})", file=sys.stderr)
 
 
 def load_tokenizer(name_or_path: str | Path, chat_template: str | None = None):
@@ -126,8 +167,10 @@ def load_reward_model(
     if num_labels is not None:
         # A classifier checkpoint with another head size gets a fresh head of the size asked for.
         kwargs.update(num_labels=num_labels, ignore_mismatched_sizes=True)
-    with transformers_progress_bars_off():
-        model = AutoModelForSequenceClassification.from_pretrained(str(name_or_path), **kwargs)
+    with transformers_progress_bars_off(), transformers_warnings_off():
+        model, info = AutoModelForSequenceClassification.from_pretrained(str(name_or_path), output_loading_info=True,
+                                                                         **kwargs)
+    report_loading(name_or_path, model, info)
     if gguf_file:
         forget_dequantized_gguf(model)
     tokenizer = load_tokenizer(name_or_path, chat_template=chat_template)

@@ -4,11 +4,14 @@ field or key and what to do, exit status 2, no traceback. A policy with no chat 
 DPO's prompts to nothing: a warning line that says so and what to do."""
 
 import json
+from pathlib import Path
 
 import pytest
 
 from rmkit import cli
 from tests.recipes.dpo_helpers import write_pairs
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 NO_POLICY = "/nonexistent/policy"
 
@@ -171,3 +174,15 @@ def test_eval_takes_the_embedded_set_by_the_name_train_takes(tiny_decoder, capsy
     """`rmkit train` reads `default-val`; `rmkit eval --data default-val` called it a missing file."""
     assert cli.main(["eval", "--model", tiny_decoder, "--data", "default-val"]) == 0
     assert "rmkit/resources/default_val.jsonl scored by" in capsys.readouterr().out
+
+
+def test_score_and_the_use_it_lines_take_the_embedded_set_by_name(tiny_decoder, tmp_path, capsys):
+    """The run on the embedded default prints `--data default-val` (the absolute path of the packaged file worked,
+    but only on that machine's install, and the docs showed a path that worked only from the repository root)."""
+    from rmkit.cli.recipes import _validation_file
+    from rmkit.config import load_config
+
+    assert _validation_file(load_config(REPO_ROOT / "configs" / "default.yaml")) == "default-val"
+    out = tmp_path / "scored.jsonl"
+    assert cli.main(["score", "--model", tiny_decoder, "--input", "default-val", "--output", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == 120
