@@ -159,13 +159,41 @@ def _from_rows(path: str, rows, may_hold_surrogates: bool = False) -> Iterator[R
             yield RawRecord(path, index, row, line_oriented=False)
 
 
+READ = "rmkit reads JSON Lines (.jsonl), JSON (.json) and Parquet (.parquet) files, and Hugging Face datasets"
+NOT_DATA = (".md", ".txt", ".gitattributes", ".lock")  # what a dataset folder holds beside its data files
+
+
+def unread_folder(folder: Path) -> str | None:
+    """Why rmkit cannot read a local folder of data files (not a `save_to_disk` folder): none of them, or files of
+    more than one kind, or of a kind it does not read. `load_dataset` on such a folder reads the most common kind
+    and leaves the other files out without a word. None when its files are all `.jsonl`/`.json` or all `.parquet`."""
+    if (folder / "dataset_info.json").exists() or (folder / "dataset_dict.json").exists():
+        return None
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and not any(part.startswith(".") for part in
+                   p.relative_to(folder).parts) and not p.name.lower().endswith(NOT_DATA))
+    kinds = {"json" if p.name.lower().endswith(JSONL_SUFFIXES + JSON_SUFFIXES) else
+             "parquet" if p.name.lower().endswith(PARQUET_SUFFIXES) else p.suffix.lower() or p.name for p in files}
+    if not files:
+        return f"a folder with no data file in it; {READ}"
+    if len(kinds) == 1 and kinds <= {"json", "parquet"}:
+        return None
+    other = [p for p in files if not p.name.lower().endswith(JSONL_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES)]
+    shown = ", ".join(str(p.relative_to(folder)) for p in (other or files)[:3])
+    return (f"a folder of mixed files ({shown}{', ...' if len(other or files) > 3 else ''}): a folder is read as "
+            "one dataset of one kind, and the files of other kinds would be left out; keep only .jsonl/.json or only "
+            ".parquet files in it, or give one file")
+
+
 def unread_file(path: str | Path) -> str | None:
     """Why rmkit cannot read `path`, when it is a local file of another kind than `.jsonl`, `.json`, `.parquet` (a
-    CSV, a compressed file, ...): such a file would otherwise be taken for a Hub dataset name. None otherwise."""
+    CSV, a compressed file, ...: such a file would otherwise be taken for a Hub dataset name), or a local folder
+    `unread_folder` refuses. None otherwise."""
     local = Path(path).expanduser()
+    if local.is_dir():
+        return unread_folder(local)
     if not local.is_file() or str(path).lower().endswith(JSONL_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES):
         return None
-    read = "rmkit reads JSON Lines (.jsonl), JSON (.json) and Parquet (.parquet) files, and Hugging Face datasets"
+    read = READ
     if local.suffix.lower() in (".gz", ".bz2", ".xz", ".zst", ".zip"):
         return f"a compressed file: {read}; decompress it first (e.g. gunzip -k {local.name})"
     if local.suffix.lower() in (".csv", ".tsv"):

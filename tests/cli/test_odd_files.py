@@ -186,3 +186,24 @@ def test_score_and_the_use_it_lines_take_the_embedded_set_by_name(tiny_decoder, 
     out = tmp_path / "scored.jsonl"
     assert cli.main(["score", "--model", tiny_decoder, "--input", "default-val", "--output", str(out)]) == 0
     assert len(out.read_text().splitlines()) == 120
+
+
+def test_a_folder_of_mixed_files_is_refused_not_read_in_part(tiny_decoder, tmp_path, capsys):
+    """A folder holding a .jsonl and a .csv was read as a dataset of the .jsonl alone, the .csv left out without a
+    word; an empty folder went to `load_dataset`. A folder of JSON Lines files alone is read whole."""
+    mixed, only_jsonl, empty = tmp_path / "mixed", tmp_path / "jsonl", tmp_path / "empty"
+    for folder in (mixed, only_jsonl, empty):
+        folder.mkdir()
+    write_pairs(mixed / "a.jsonl", 3)
+    (mixed / "b.csv").write_text("prompt,chosen,rejected\nq,a,b\n")
+    write_pairs(only_jsonl / "a.jsonl", 3)
+    write_pairs(only_jsonl / "b.jsonl", 2, offset=10)
+    (only_jsonl / "README.md").write_text("about the data")
+    for argv in (["data", "check", str(mixed)], ["eval", "--model", tiny_decoder, "--data", str(mixed)],
+                 ["train", f"data.train_data_path={mixed}", f"checkpointing.checkpoint_dir={tmp_path / 'run'}"]):
+        assert cli.main(argv) == 2
+        assert f"{mixed}: a folder of mixed files (b.csv): a folder is read as one dataset of one kind" in _error(capsys)
+    assert cli.main(["data", "check", str(empty)]) == 2
+    assert f"{empty}: a folder with no data file in it" in _error(capsys)
+    assert cli.main(["data", "check", str(only_jsonl)]) == 0
+    assert f"{only_jsonl}: 5 pairs (binary format)" in capsys.readouterr().out
