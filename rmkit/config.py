@@ -573,6 +573,30 @@ def config_from_dict(values: dict | None, overrides: list[str] | None = None, tr
     return _build(Config if tree_type is None else tree_type, tree)
 
 
+class UniqueKeyLoader(yaml.SafeLoader):
+    """`yaml.SafeLoader` that refuses a key given twice in one mapping (PyYAML keeps the last one without a word,
+    so a section written twice lost its first half)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"'{key}' is given twice in one mapping (the second would replace the first)",
+                    key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """`:LINE:COLUMN: what` of a YAML error, on one line (PyYAML's own message spans several, with a snippet)."""
+    mark = getattr(err, "problem_mark", None)
+    where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+    return f"{where}: not valid YAML: {problem}"
+
+
 def load_config(path: str | Path | None, overrides: list[str] | None = None, tree_type: type | None = None) -> Any:
     """Read a YAML config (None: all defaults) and apply `section.key=value` overrides; `tree_type` is the
     recipe's top-level dataclass (default: the reward-model `Config`)."""
@@ -582,9 +606,9 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None, tre
         if not path.is_file():
             raise ConfigError("--config", f"no such file: {path}")
         try:
-            values = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+            values = yaml.load(path.read_text(encoding="utf-8"), Loader=UniqueKeyLoader) or {}
         except yaml.YAMLError as err:
-            raise ConfigError("--config", f"{path} is not valid YAML: {err}") from None
+            raise ConfigError("--config", f"{path}{yaml_problem(err)}") from None
         if not isinstance(values, dict):
             raise ConfigError("--config", f"{path} must hold a mapping of sections")
     return config_from_dict(values, overrides, tree_type)

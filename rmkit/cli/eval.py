@@ -18,6 +18,7 @@ import torch
 
 from rmkit.cli import description
 from rmkit.cli.arguments import positive_int, sequence_length
+from rmkit.cli.output_file import check_output_folder
 from rmkit.data import FORMATS, load_preference_data, write_rejects
 from rmkit.data.readers import check_data_path
 from rmkit.errors import ConfigError
@@ -214,12 +215,14 @@ def check_paths(args: argparse.Namespace) -> None:
     args.data = [resolve_data_path(data) for data in args.data]
     for data in args.data:
         check_data_path(data, "--data")
-    for model in args.model:
-        check_reward_model_dir(model, "--model")
     if args.report is not None and Path(args.report).exists() and not Path(args.report).is_dir():
         raise ConfigError("--report", f"{args.report} is a file; --report names a folder to write report.json, "
                                       "report.html and scores-*.jsonl into (a new one, or an earlier report's, "
                                       "whose files are replaced)")
+    if args.report is not None:
+        check_output_folder(args.report, "--report")
+    for model in args.model:
+        check_reward_model_dir(model, "--model")
 
 
 def main(argv: list[str]) -> int:

@@ -66,7 +66,7 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     args.input = resolve_data_path(args.input)  # `default` / `default-val`: the embedded set, as `train` reads it
     check_data_path(args.input, "--input")  # the mistakes a user makes most, found before the model loads
-    output = check_output_file(args.output, "--output")
+    output = check_output_file(args.output, "--output", source=args.input)
     check_reward_model_dir(args.model, "--model")
     scorer = load_for_inference(args)
     if scorer.is_process:

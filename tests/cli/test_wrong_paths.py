@@ -175,6 +175,20 @@ def test_score_names_an_output_it_cannot_write_before_the_model_loads(tmp_path, 
     model = str(tmp_path / "missing_model")
     assert cli.main(["score", "--model", model, "--input", str(pairs), "--output", str(blocker / "o.jsonl")]) == 2
     assert _error(capsys) == (f"rmkit score: error: config key '--output': cannot write {blocker / 'o.jsonl'}: "
-                              f"{blocker} is a file, not a folder; give --output a file in a folder you can write")
+                              f"{blocker} is a file, not a folder; give --output a place you can write")
     assert cli.main(["score", "--model", model, "--input", str(pairs), "--output", str(tmp_path)]) == 2
     assert f"config key '--output': {tmp_path} is a folder" in _error(capsys)
+
+
+def test_score_refuses_to_write_over_its_input_and_eval_a_report_it_cannot_write(tmp_path, pairs, capsys):
+    """`score --output` the same file as `--input` replaced the user's data with the scored copy; `eval --report`
+    under a file died in mkdir with a traceback after every model had scored. Both are one line, first."""
+    model = str(tmp_path / "missing_model")
+    assert cli.main(["score", "--model", model, "--input", str(pairs), "--output", str(pairs)]) == 2
+    assert _error(capsys) == (f"rmkit score: error: config key '--output': {pairs} is the input file: writing it "
+                              "would replace the records being read; give --output another file")
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file")
+    assert cli.main(["eval", "--model", model, "--data", str(pairs), "--report", str(blocker / "report")]) == 2
+    assert (f"config key '--report': cannot write {blocker / 'report'}: {blocker} is a file, not a folder"
+            in _error(capsys))
