@@ -32,6 +32,7 @@ from pathlib import Path
 import torch
 
 from rmkit.cli import description
+from rmkit.cli.arguments import float_at_least, positive_int
 from rmkit.cli.eval import add_model_arguments, load_for_inference
 from rmkit.data import FORMATS, load_preference_data
 from rmkit.data.readers import check_data_path
@@ -51,8 +52,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--format", default="auto", choices=list(dict.fromkeys(FORMATS + STEP_FORMATS)),
                         help="record format (default: sniffed); a process reward model's: one of "
                              f"{', '.join(STEP_FORMATS)}")
-    parser.add_argument("--limit", type=int, default=None, help="use the first N pairs or solutions (default: all)")
-    parser.add_argument("--tolerance", type=float, default=1e-5, help="largest allowed |difference| (float32)")
+    parser.add_argument("--limit", type=positive_int, default=None, help="use the first N pairs or solutions (default: all)")
+    parser.add_argument("--tolerance", type=float_at_least(0.0), default=1e-5, help="largest allowed |difference| (float32)")
     parser.add_argument("--json", action="store_true", help="print the report as one JSON object")
     return parser
 

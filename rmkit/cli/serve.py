@@ -6,12 +6,14 @@ import argparse
 import ipaddress
 import logging
 import signal
+import socket
 import sys
 from pathlib import Path
 
 from rmkit.cli.arguments import float_at_least, port, positive_int, sequence_length
 from rmkit.errors import ConfigError
 from rmkit.inference import DTYPES
+from rmkit.models.setup import check_device
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,6 +67,8 @@ def main(argv: list[str]) -> int:
             raise ConfigError("open-route", f"{path!r} is not a scoring route (one of {', '.join(SCORING_ROUTES)})")
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    check_host(args.host, args.port)
+    check_device(args.device)
     if not Path(args.model).is_dir():
         raise ConfigError("model", f"{args.model} is not a model directory")
     try:
@@ -98,6 +102,16 @@ def _load_engine(args):
         max_batch_size=args.max_batch_size, batch_window_ms=args.batch_window_ms, max_length=args.max_length,
         overlong=args.overlong, normalize=args.normalize, attribute_weights=parse_weights(args.attribute_weights),
     )
+
+
+def check_host(host: str, port: int) -> None:
+    """A ConfigError naming `--host` when the name does not resolve (found before the model loads; an address that
+    resolves but is not this machine's fails at bind, exit status 3)."""
+    try:
+        socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as err:
+        raise ConfigError("--host", f"cannot resolve {host!r} ({getattr(err, 'strerror', None) or err}); give an "
+                                    "address (127.0.0.1, 0.0.0.0, ::) or a name this machine resolves") from None
 
 
 def _is_loopback(host: str) -> bool:

@@ -67,6 +67,22 @@ def loading_errors(name: str, key: str):
                           "or a Hub id this machine can reach; HF_HUB_OFFLINE=1 skips the network)") from None
 
 
+def check_device(name: str, key: str = "--device") -> torch.device:
+    """`name` as a torch device this machine has; else a ConfigError naming `key` (torch's own failure comes only
+    when the model moves there, after it has loaded)."""
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(key, f"{name!r} is not a device: cpu, cuda, cuda:1, ...") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(key, f"{name}: CUDA is not available here (no GPU, or a CPU build of torch); use cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ConfigError(key, f"{name}: this machine has {torch.cuda.device_count()} GPU(s), cuda:0 to "
+                                   f"cuda:{torch.cuda.device_count() - 1}")
+    return device
+
+
 def position_limit(model: torch.nn.Module) -> int | None:
     """The longest input `model` can read when it learns one embedding per position (BERT, MiniLM, RoBERTa: an
     `nn.Embedding` named `position_embeddings`; RoBERTa's first two rows are its padding offset); None when its

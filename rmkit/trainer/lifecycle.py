@@ -104,6 +104,10 @@ def hold_folder(folder: Path, key: str, lock: bool = True) -> None:
     """Make sure a run can write `folder` (the config key `key` names it) and, with `lock`, that no other run is
     writing it: an exclusive lock on `<folder>/.rmkit-run.lock`, held until this process ends and naming its
     holder. A folder that cannot be written, or one another run holds, is a ConfigError naming the key."""
+    blocker = next((p for p in (folder, *folder.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():
+        raise ConfigError(key, f"cannot write to {folder}: {blocker} is a file, not a folder; give the run a folder "
+                               f"it can write, e.g. {key}=results/my_run")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         probe = folder / f".rmkit-write-check-{os.getpid()}"

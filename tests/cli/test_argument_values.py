@@ -33,3 +33,21 @@ def test_an_out_of_range_number_is_a_usage_error_before_anything_loads(argv, err
     assert exit_.value.code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and err.strip().splitlines()[-1].endswith(error), err
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["serve", "--model", MODEL, "--host", "not a host"], "config key '--host': cannot resolve 'not a host'"),
+    (["serve", "--model", MODEL, "--device", "gpu"], "config key '--device': 'gpu' is not a device: cpu, cuda, cuda:1"),
+    (["parity", "--model", MODEL, "--data", DATA, "--tolerance", "-1"], "argument --tolerance: must be >= 0.0, got -1"),
+    (["parity", "--model", MODEL, "--data", DATA, "--limit", "0"], "argument --limit: must be >= 1, got 0"),
+])
+def test_serve_and_parity_check_their_values_before_the_model(argv, error, capsys):
+    """`serve --host 'not a host'` loaded the model and printed uvicorn's lines before failing; `--device cuda:7` on
+    a machine without CUDA died in torch with a traceback; `parity --tolerance -1` scored every path, then failed."""
+    try:
+        code = cli.main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and error in err.strip().splitlines()[-1], err

@@ -111,5 +111,8 @@ def test_a_checkpoint_folder_that_cannot_be_written_is_one_line(tiny_decoder, pa
     blocker.write_text("not a folder")
     assert rmkit_main(_args(tiny_decoder, pair_files, blocker / "run", 1)) == 2
     err = capsys.readouterr().err
-    assert f"config key 'checkpointing.checkpoint_dir': cannot write to {blocker / 'run'} (Not a directory)" in err
+    assert (f"config key 'checkpointing.checkpoint_dir': cannot write to {blocker / 'run'}: {blocker} is a file, not "
+            "a folder") in err
     assert "Traceback" not in err
+    assert rmkit_main(_args(tiny_decoder, pair_files, blocker, 1)) == 2  # the folder itself a file
+    assert f"cannot write to {blocker}: {blocker} is a file, not a folder" in capsys.readouterr().err
