@@ -12,6 +12,7 @@ import argparse
 import json
 import statistics
 import sys
+from pathlib import Path
 
 from rmkit.cli.arguments import positive_int, sequence_length
 from rmkit.data import (
@@ -28,7 +29,7 @@ from rmkit.data import (
     write_rejects,
 )
 from rmkit.data.readers import first_record
-from rmkit.errors import UserError
+from rmkit.errors import ConfigError, UserError
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,11 +93,13 @@ def token_report(result: LoadResult, args) -> dict:
     from rmkit.data.sampler import LengthGroupedBatchSampler, padding_fraction
     from rmkit.data.tokenize import encode_example, tokenize_pairs, tokenize_regression
     from rmkit.models.reward import load_tokenizer
+    from rmkit.models.setup import loading_errors
 
     hf_logging.set_verbosity_error()  # the "longer than model max length" warning: we truncate ourselves
 
     template = open(args.chat_template, encoding="utf-8").read() if args.chat_template else None
-    tokenizer = load_tokenizer(args.tokenizer, chat_template=template)
+    with loading_errors(args.tokenizer, "--tokenizer"):
+        tokenizer = load_tokenizer(args.tokenizer, chat_template=template)
     if args.format == "regression":
         lengths = {"text": [len(encode_example(tokenizer, r.prompt, r.response)) for r in result.records]}
         batched = tokenize_regression(result.records, tokenizer, args.max_length)
@@ -141,8 +144,25 @@ def print_report(report: dict) -> None:
     print(f"{_count(len(report['problems']), 'problem')}, {_count(len(report['warnings']), 'warning')}")
 
 
+def check_options(args) -> None:
+    """The options that name files or text, before any data is read (ConfigErrors naming the option)."""
+    if args.chat_template is not None:
+        if not args.tokenizer:
+            raise ConfigError("--chat-template", "it renders conversations for --tokenizer's token statistics: give "
+                                                 "--tokenizer DIR too")
+        if not Path(args.chat_template).is_file():
+            raise ConfigError("--chat-template", f"no such file: {args.chat_template}")
+    if args.step_separator == "":
+        raise ConfigError("--step-separator", "must not be empty (leave it out to skip the check)")
+    if args.tokenizer:
+        from rmkit.models.setup import model_source  # torch, only when token statistics are asked for
+
+        model_source(args.tokenizer, "--tokenizer")
+
+
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    check_options(args)
     step_format = _step_format(args)
     if step_format:
         return check_steps(args, step_format)

@@ -51,3 +51,18 @@ def test_serve_and_parity_check_their_values_before_the_model(argv, error, capsy
     assert code == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and error in err.strip().splitlines()[-1], err
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["data", "check", DATA, "--tokenizer", "/nonexistent"], "config key '--tokenizer': no such model directory"),
+    (["data", "check", DATA, "--chat-template", "t.jinja"], "config key '--chat-template': it renders conversations"),
+    (["data", "check", DATA, "--tokenizer", "minilm", "--chat-template", "/nonexistent.jinja"],
+     "config key '--chat-template': no such file: /nonexistent.jinja"),
+    (["data", "check", DATA, "--step-separator", ""], "config key '--step-separator': must not be empty"),
+])
+def test_data_check_options(argv, error, capsys):
+    """`--tokenizer /nonexistent` died in huggingface_hub with a traceback, `--step-separator ''` in a ValueError,
+    and `--chat-template` without `--tokenizer` was dropped without a word."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and error in err.strip().splitlines()[-1], err

@@ -316,7 +316,7 @@ def test_data_check_step_options_and_pairs_unchanged(tmp_path, capsys):
     separated = write_jsonl(tmp_path / "s.jsonl", [{**STEPWISE, "completions": ["a\n\nb", "c"]}])
     assert cli.main(["data", "check", str(separated), "--format", "stepwise", "--step-separator", "\\n\\n"]) == 2
     assert f"error: {separated}:1: field 'completions[0]': contains the step separator '\\n\\n'" in capsys.readouterr().out
-    assert cli.main(["data", "check", str(EXAMPLE), "--tokenizer", "x"]) == 2
+    assert cli.main(["data", "check", str(EXAMPLE), "--tokenizer", "minilm"]) == 2
     assert "token statistics cover preference and regression data" in capsys.readouterr().err
     pairs = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "Q", "chosen": "a", "rejected": "b"}])
     assert cli.main(["data", "check", str(pairs)]) == 0
