@@ -37,6 +37,7 @@ from rmkit.trainer.export import export_model
 from rmkit.trainer.lifecycle import RunResult, start_run
 from rmkit.trainer.logging.plots import plot_training_curves
 from rmkit.trainer.loop import RecipeParts, fit, sampled_state, supervised_step
+from rmkit.trainer.sharding import shard_reward_model
 from rmkit.wrappers import transformers_model
 
 SHOWN = ("/loss", "/step_acc")  # the headline validation metrics printed during a run
@@ -145,15 +146,16 @@ def export_prm(model: torch.nn.Module, tokenizer, folder, cfg: PRMTree):
 
 def train(cfg: PRMTree) -> RunResult:
     """Train a process reward model as `cfg` says; the final model goes to `<checkpoint_dir>/final/`."""
-    if cfg.policy.dtensor_cfg.enabled:
-        raise ConfigError("policy.dtensor_cfg.enabled", "FSDP2 is not supported by the process-reward-model recipe "
-                          "yet; use DDP under torchrun (the default)")
     run = start_run(cfg, cfg.prm)  # threads, seed, torchrun, folders, the saved config
     device = run.device
 
     # --- model and data (tokenized once)
     model, tokenizer = load_model(cfg, device)
-    forward = dist.wrap_data_parallel(TokenValues(model), run.info)  # DDP under torchrun: gradients summed
+    if cfg.policy.dtensor_cfg.enabled:  # FSDP2 under torchrun: shard the model in place (gradients summed)
+        shard_reward_model(model, cfg.policy, run.info)
+        forward = TokenValues(model)
+    else:  # DDP under torchrun: gradients summed over ranks
+        forward = dist.wrap_data_parallel(TokenValues(model), run.info)
     train_items, val = load_sets(cfg.data, run.out_dir, lambda ds: load_step_set(cfg, ds, tokenizer), "solutions")
 
     # --- sampler, optimizer, schedule, state

@@ -1,5 +1,5 @@
-"""`torchrun --nproc-per-node 2 -m rmkit train --config <prm>` (gloo, CPU) == one process with the same global
-batch, for the process-reward-model recipe: the loss is summed over labelled steps and divided by the global batch's
+"""`torchrun --nproc-per-node 2 -m rmkit train --config <prm>` (gloo, CPU), under DDP and under FSDP2
+(`policy.dtensor_cfg.enabled`), == one process with the same global batch, for the process-reward-model recipe: the loss is summed over labelled steps and divided by the global batch's
 labelled-step count (all-reduced), so two ranks compute the gradient of the same batch as one process does.
 
 33 solutions in global batches of 8: the 5th batch holds one solution, so rank 1's share is empty for that step (it
@@ -31,7 +31,7 @@ def write_solutions(path: Path, n: int) -> Path:
     return path
 
 
-def write_config(tmp_path: Path, model: str, name: str, micro: int) -> Path:
+def write_config(tmp_path: Path, model: str, name: str, micro: int, fsdp: bool = False) -> Path:
     if not (tmp_path / "train.jsonl").exists():
         write_solutions(tmp_path / "train.jsonl", 33)
         write_solutions(tmp_path / "val.jsonl", 7)
@@ -41,7 +41,7 @@ def write_config(tmp_path: Path, model: str, name: str, micro: int) -> Path:
                 "log_period": 1, "step_separator": "\n"},
         "policy": {"model_name": model, "train_global_batch_size": 8, "train_micro_batch_size": micro,
                    "max_total_sequence_length": 64, "precision": "float32", "num_threads": 1,
-                   "optimizer": {"lr": 3e-3}, "max_grad_norm": 1.0},
+                   "optimizer": {"lr": 3e-3}, "max_grad_norm": 1.0, "dtensor_cfg": {"enabled": fsdp}},
         "data": {"train_data_path": str(tmp_path / "train.jsonl"),
                  "val_data_paths": {"default": str(tmp_path / "val.jsonl")}},
         "checkpointing": {"checkpoint_dir": str(out), "save_period": 10, "keep_top_k": None,
@@ -54,9 +54,10 @@ def write_config(tmp_path: Path, model: str, name: str, micro: int) -> Path:
 
 
 @pytest.mark.slow  # ~30 s on a quiet 2-core machine (a torchrun launch of 2 processes)
-def test_two_gloo_processes_equal_one_process(tiny_reward_model, tmp_path):
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp2"])
+def test_two_gloo_processes_equal_one_process(tiny_reward_model, tmp_path, fsdp):
     single = write_config(tmp_path, tiny_reward_model, "single", micro=4)
-    double = write_config(tmp_path, tiny_reward_model, "ddp", micro=2)  # per rank: 4 of the global 8, 2 micro-batches
+    double = write_config(tmp_path, tiny_reward_model, "ddp", micro=2, fsdp=fsdp)  # per rank: 4 of 8, 2 micro-batches
     threads = torch.get_num_threads()
     try:
         assert cli.main(["train", "--config", str(single)]) == 0
