@@ -233,11 +233,12 @@ def check_data_path(path: str | Path, key: str) -> None:
     lower = text.lower()
     if (why := unread_file(text)) is not None:
         raise ConfigError(key, f"{text} is {why}" if why.startswith("a compressed") else f"{text}: {why}")
+    where = f" (a relative path is read from the folder you run in, {Path.cwd()})" if not local.is_absolute() else ""
     if lower.endswith(JSONL_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES):
         if not local.is_file():
-            raise ConfigError(key, f"no such file: {text}" if not local.exists() else f"{text} is not a file")
+            raise ConfigError(key, f"no such file: {text}{where}" if not local.exists() else f"{text} is not a file")
     elif not local.exists() and not _hub_name(text):
-        raise ConfigError(key, f"no such file or dataset directory: {text}")
+        raise ConfigError(key, f"no such file or dataset directory: {text}{where}")
 
 
 def _hub_name(text: str) -> bool:

@@ -3,6 +3,8 @@ model, a data file that does not exist. Every command says so in one line naming
 key, exit status 2, before any model loads (the policy path given to DPO and GRPO here does not exist either:
 the checked path is named first, so nothing was loaded before the check)."""
 
+from pathlib import Path
+
 import pytest
 
 from rmkit import cli
@@ -192,3 +194,13 @@ def test_score_refuses_to_write_over_its_input_and_eval_a_report_it_cannot_write
     assert cli.main(["eval", "--model", model, "--data", str(pairs), "--report", str(blocker / "report")]) == 2
     assert (f"config key '--report': cannot write {blocker / 'report'}: {blocker} is a file, not a folder"
             in _error(capsys))
+
+
+def test_a_missing_relative_data_path_names_the_folder_it_is_read_from(tmp_path, monkeypatch, capsys):
+    """The shipped configs name ../shared/data/...: run from another folder, the error said "no such file" and
+    nothing about where a relative path is looked for."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "--config", str(Path(__file__).resolve().parents[2] / "configs" / "rm.yaml")]) == 2
+    assert _error(capsys) == ("rmkit train: error: config key 'data.train_data_path': no such file: "
+                              "../shared/data/hh_harmless_train.jsonl (a relative path is read from the folder you "
+                              f"run in, {tmp_path})")
