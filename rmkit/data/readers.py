@@ -237,6 +237,10 @@ def check_data_path(path: str | Path, key: str) -> None:
     if lower.endswith(JSONL_SUFFIXES + JSON_SUFFIXES + PARQUET_SUFFIXES):
         if not local.is_file():
             raise ConfigError(key, f"no such file: {text}{where}" if not local.exists() else f"{text} is not a file")
+        try:
+            open(local, "rb").close()
+        except OSError as err:
+            raise ConfigError(key, f"cannot read {text} ({err.strerror}); give a file this user can read") from None
     elif not local.exists() and not _hub_name(text):
         raise ConfigError(key, f"no such file or dataset directory: {text}{where}")
 

@@ -204,3 +204,19 @@ def test_a_missing_relative_data_path_names_the_folder_it_is_read_from(tmp_path,
     assert _error(capsys) == ("rmkit train: error: config key 'data.train_data_path': no such file: "
                               "../shared/data/hh_harmless_train.jsonl (a relative path is read from the folder you "
                               f"run in, {tmp_path})")
+
+
+def test_an_unreadable_data_file_is_one_line_before_anything_loads(tmp_path, pairs, monkeypatch, capsys):
+    """A data file this user may not read died in the reader with a PermissionError traceback. (The tests run as
+    root, whom no file mode stops, so the reader's `open` is made to refuse as the OS refuses another user.)"""
+    import builtins
+
+    def refusing_open(path, *args, **kwargs):
+        if str(path) == str(pairs):
+            raise PermissionError(13, "Permission denied", str(path))
+        return builtins.open(path, *args, **kwargs)
+
+    monkeypatch.setattr("rmkit.data.readers.open", refusing_open, raising=False)
+    assert cli.main(["eval", "--model", str(tmp_path / "missing_model"), "--data", str(pairs)]) == 2
+    assert _error(capsys) == (f"rmkit eval: error: config key '--data': cannot read {pairs} (Permission denied); "
+                              "give a file this user can read")
