@@ -10,7 +10,7 @@ the conversation for chat messages.
 
 A process reward model (its contract names a step separator) is checked on step-labelled solutions (ProcessBench,
 TRL stepwise, PRM800K, PRMBench; labels unread) instead: every step's probability and the solution's aggregate
-through the training forward (`TokenValues`, one solution at a time), `rmkit score` (a real subprocess), the real
+through the training forward (`rmkit.models.step_values`, one row at a time), `rmkit score` (a real subprocess), the real
 server's `/v1/score_steps` at the same request sizes, and `RewardModelEnvironment` in process and against that
 server (each solution as a conversation: the prompt as the user's message, the steps joined by the separator as
 the response; its reward is checked against the aggregate of the steps within the max length, the environment's
@@ -220,16 +220,22 @@ def _solutions(args: argparse.Namespace, scorer: RewardScorer) -> list[tuple[str
 
 
 def _training_forward(scorer: RewardScorer, solutions: Sequence) -> list[list[float | None]]:
-    """Step probabilities from the training forward (`TokenValues`: the head at every position), one solution at a
-    time, read at the positions the core's layout gives."""
-    from rmkit.models.critic import TokenValues
+    """Step probabilities from the training forward (`rmkit.models.step_values`: a decoder's head at every position
+    of the solution, an encoder's pooled output of each step's prefix row), one row at a time, read at the positions
+    the core's layout gives."""
+    from rmkit.models.step_values import scores_each_prefix, step_values
 
-    forward, out = TokenValues(scorer.model).eval(), []
+    forward, out = step_values(scorer.model).eval(), []
     with torch.inference_mode():
         for prompt, steps in solutions:
             ids, positions, num_steps = scorer.encode_solution(prompt, steps)
-            values = forward(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))[0]
-            out.append(torch.sigmoid(values[positions].double()).tolist() + [None] * (num_steps - len(positions)))
+            rows = [(ids[: p + 1], p) for p in positions] if scores_each_prefix(scorer.model) else [(ids, None)]
+            values = []
+            for row, at in rows:
+                row_values = forward(torch.tensor([row]), torch.ones(1, len(row), dtype=torch.long))[0]
+                values += [row_values[at]] if at is not None else [row_values[p] for p in positions]
+            probabilities = torch.sigmoid(torch.stack(values).double()).tolist() if values else []
+            out.append(probabilities + [None] * (num_steps - len(positions)))
     return out
 
 
@@ -282,7 +288,7 @@ def check_step_parity(args: argparse.Namespace, scorer: RewardScorer) -> dict:
     solutions = _solutions(args, scorer)
     reference = scorer.score_steps(solutions)
     how, separator = scorer.contract.step_aggregation, scorer.contract.step_separator
-    steps = {"training forward (TokenValues)": _training_forward(scorer, solutions),
+    steps = {"training forward": _training_forward(scorer, solutions),
              "rmkit score (CLI)": _cli_score_steps(args.model, solutions, args.max_length)}
     conversations = {i: c for i, (p, s) in enumerate(solutions) if (c := _as_conversation(p, s, separator))}
     env_rewards = {"environment (in process)": _environment_rewards(

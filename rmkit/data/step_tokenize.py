@@ -69,6 +69,13 @@ def tokenize_solution(solution: StepSolution, tokenizer, step_separator: str,
     return StepIds(solution.source, ids, tuple(p for p, _ in trained), tuple(label for _, label in trained))
 
 
+def prefix_rows(items: Sequence[StepIds]) -> list[StepIds]:
+    """Each trained step of each solution as a row of its own: the solution's ids cut after the step's label
+    position, the label at the row's last token (an encoder scores a step this way: `rmkit.models.step_values`)."""
+    return [StepIds(item.source, item.input_ids[: position + 1], (position,), (label,))
+            for item in items for position, label in zip(item.positions, item.labels)]
+
+
 def tokenize_steps(solutions: Sequence[StepSolution], tokenizer, max_length: int, step_separator: str,
                    train_on_last_step_only: bool = False, overlong: str = "truncate") -> TokenizedSteps:
     """Every solution through `tokenize_solution`, then cut to `max_length` tokens as the module docstring says."""

@@ -72,12 +72,15 @@ def score_positions(
     max_batch_tokens: int = 16384,
     max_batch_size: int = 256,
 ) -> list[torch.Tensor]:
-    """The head's outputs `[n_i, K]` (float32, on CPU) at `positions[i]` of each of N sequences, in order: a
-    process reward model's step scores (a decoder: the output at a position has seen only the tokens up to it).
-    Batched as `score_sequences`, so a row's scores do not depend on what it is batched with beyond float
-    rounding."""
+    """The classifier's outputs `[n_i, K]` (float32, on CPU) of each of N sequences cut after each of its
+    `positions[i]`, in order: a process reward model's step scores (`rmkit.models.step_values`). A decoder gives them
+    in one pass per sequence (its head at each position has seen only the tokens up to it); an encoder scores each
+    prefix as a sequence of its own (`score_sequences`). Batched as `score_sequences`, so a row's scores do not
+    depend on what it is batched with beyond float rounding."""
     if not uses_last_token_pooling(model):
-        raise ValueError(f"{type(model).__name__} pools its own [CLS] token: scores at positions need a decoder")
+        prefixes = [list(sequence[: p + 1]) for sequence, points in zip(sequences, positions) for p in points]
+        scores = score_sequences(model, prefixes, pad_token_id, max_batch_tokens, max_batch_size)
+        return list(scores.split([len(points) for points in positions]))
     device = next(model.parameters()).device
     out: list[torch.Tensor | None] = [None] * len(sequences)
     with torch.no_grad(), torch.inference_mode():

@@ -1,35 +1,33 @@
 """The process-reward-model recipe, top to bottom: config -> model -> data -> optimizer -> loop -> export.
 
-A process reward model (PRM) scores every step of a solution: a decoder sequence classifier with one output whose
-head is read at every position (`TokenValues`), and at the last token of the separator after each step
-(`rmkit.data.step_tokenize`: TRL's PRMTrainer layout) gives the logit of "this step is correct". The loss is the
+A process reward model (PRM) scores every step of a solution: a sequence classifier with one output, read at the
+last token of the separator after each step (`rmkit.data.step_tokenize`: TRL's PRMTrainer layout), gives the logit
+of "this step is correct". A decoder gives every step's in one pass over the solution (`TokenValues`); an encoder
+scores each step's prefix as a row of its own (`rmkit.models.step_values`: its output at a step has seen the whole
+row, so the row ends at the step). The loss is the
 binary cross-entropy with logits at the labelled steps, summed and divided by the global batch's labelled-step
 count (docs/design.md's normalization), so gradient accumulation (`rmkit.trainer.accumulate`) and data parallelism
 are exact. Validation every `prm.val_period` steps reports each set's loss and step accuracy (sigmoid > 0.5 agrees
 with the label). The export is a plain sequence classifier with a scoring contract that names the separator, what
 a step's score means and how the steps make one reward (`prm.aggregation`).
-
-Decoders only: an encoder's output at a step's separator has seen the steps after it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
 
 from rmkit import distributed as dist
-from rmkit.data.step_tokenize import StepIds
-from rmkit.errors import ConfigError
+from rmkit.data.step_tokenize import StepIds, prefix_rows
 from rmkit.inference import contract_for
-from rmkit.models.critic import TokenValues
-from rmkit.models.reward import uses_last_token_pooling
 from rmkit.models.setup import (
     autocast,
     load_training_classifier,
 )
+from rmkit.models.step_values import scores_each_prefix, step_values
 from rmkit.recipes.configs import PRMTree
 from rmkit.trainer.accumulate import accumulate_batch, plan_micro_batches
 from rmkit.trainer.datasets import load_sets, load_step_set
@@ -45,14 +43,8 @@ STEP_LABEL = "sigmoid of the head at the last token of the separator after a ste
 
 
 def load_model(cfg: PRMTree, device: torch.device):
-    """`(model, tokenizer)`: the backbone as a one-output sequence classifier with the policy's options applied; an
-    encoder is a ConfigError naming `policy.model_name`."""
-    model, tokenizer = load_training_classifier(cfg.policy, device, num_labels=1)
-    if not uses_last_token_pooling(model):
-        raise ConfigError("policy.model_name", f"{cfg.policy.model_name} is a {type(model).__name__}, an encoder: its "
-                          "output at a step has seen the steps after it. A process reward model needs a decoder (e.g. "
-                          "smollm2)")
-    return model, tokenizer
+    """`(model, tokenizer)`: the backbone as a one-output sequence classifier with the policy's options applied."""
+    return load_training_classifier(cfg.policy, device, num_labels=1)
 
 
 def collate(items: Sequence[StepIds], pad_token_id: int) -> dict[str, torch.Tensor]:
@@ -90,8 +82,8 @@ def _device_batch(micro, pad_token_id: int, device: torch.device) -> dict[str, t
 
 def prm_step(forward: torch.nn.Module, items: Sequence[StepIds], micro_size: int, pad_token_id: int,
              precision: str, device: torch.device) -> dict[str, torch.Tensor]:
-    """Forward/backward of this rank's share `items` of a global batch through `forward` (`TokenValues`, or DDP
-    around it); returns the global batch's `loss` (mean BCE per labelled step) and `step_acc` as 0-dim device
+    """Forward/backward of this rank's share `items` of a global batch (solutions, or an encoder's prefix rows)
+    through `forward` (`rmkit.models.step_values`'s module, or DDP around it); returns the global batch's `loss` (mean BCE per labelled step) and `step_acc` as 0-dim device
     tensors; gradients are left in `.grad`."""
     global_steps = dist.all_reduce_sum(torch.tensor(float(sum(len(i.positions) for i in items)), device=device))
 
@@ -124,13 +116,16 @@ def evaluate(forward: torch.nn.Module, items: Sequence[StepIds], micro_size: int
     return {"loss": bce / max(steps, 1), "step_acc": correct / max(steps, 1), "num_steps": steps}
 
 
-def run_validation(cfg: PRMTree, forward, pad_token_id: int, val: dict[str, list], logger, step: int) -> dict:
-    """Every set's `validation-<name>/{loss, step_acc, num_steps}`, logged."""
+def run_validation(cfg: PRMTree, forward, pad_token_id: int, val: dict[str, list], logger, step: int,
+                   rows: Callable[[list], list] = list) -> dict:
+    """Every set's `validation-<name>/{loss, step_acc, num_steps}`, logged; `rows` makes the solutions the rows the
+    model reads (an encoder's: `prefix_rows`)."""
     prm, device = cfg.prm, next(forward.parameters()).device
     limit = prm.val_batches * prm.val_global_batch_size if prm.val_batches else None
     metrics = {}
     for name, items in val.items():
-        result = evaluate(forward, items[:limit], prm.val_micro_batch_size, pad_token_id, cfg.policy.precision, device)
+        result = evaluate(forward, rows(items[:limit]), prm.val_micro_batch_size, pad_token_id, cfg.policy.precision,
+                          device)
         metrics.update({f"validation-{name}/{k}": v for k, v in result.items()})
     logger.log(metrics, step)
     return metrics
@@ -151,25 +146,27 @@ def train(cfg: PRMTree) -> RunResult:
 
     # --- model and data (tokenized once)
     model, tokenizer = load_model(cfg, device)
+    rows = prefix_rows if scores_each_prefix(model) else list  # an encoder: a row per step (rmkit.models.step_values)
     if cfg.policy.dtensor_cfg.enabled:  # FSDP2 under torchrun: shard the model in place (gradients summed)
         shard_reward_model(model, cfg.policy, run.info)
-        forward = TokenValues(model)
+        forward = step_values(model)
     else:  # DDP under torchrun: gradients summed over ranks
-        forward = dist.wrap_data_parallel(TokenValues(model), run.info)
+        forward = dist.wrap_data_parallel(step_values(model), run.info)
     train_items, val = load_sets(cfg.data, run.out_dir, lambda ds: load_step_set(cfg, ds, tokenizer), "solutions")
 
     # --- sampler, optimizer, schedule, state
     state, steps = sampled_state(cfg, cfg.prm, model, [item.length for item in train_items])
 
     step = supervised_step(state, cfg.policy, train_items, lambda batch: prm_step(
-        forward, batch, cfg.policy.train_micro_batch_size, tokenizer.pad_token_id, cfg.policy.precision, device),
+        forward, rows(batch), cfg.policy.train_micro_batch_size, tokenizer.pad_token_id, cfg.policy.precision, device),
         tokens=lambda item: item.length, shown={"loss": "loss", "acc": "step_acc"})
 
     # --- the loop, the last checkpoint, the export (rank 0) and plots
     return fit(run, state, steps, cfg.prm, RecipeParts(
         action=f"training {cfg.policy.model_name} as a process reward model",
         length=f"{steps} steps of {cfg.policy.train_global_batch_size} solutions", step=step,
-        validate=(lambda at: run_validation(cfg, forward, tokenizer.pad_token_id, val, run.logger, at)) if val else None,
+        validate=(lambda at: run_validation(cfg, forward, tokenizer.pad_token_id, val, run.logger, at, rows))
+        if val else None,
         shown=SHOWN, tokenizer=tokenizer, items="solutions",
         export=lambda whole, folder: export_prm(whole, tokenizer, folder, cfg),
         load_unsharded=lambda: load_model(cfg, torch.device("cpu"))[0],

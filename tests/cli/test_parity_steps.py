@@ -27,7 +27,7 @@ def test_parity_holds_for_a_process_reward_model_on_every_path(tiny_prm, tmp_pat
     report = json.loads(result.stdout)
     assert report["ok"] and report["solutions"] == 4 and report["steps"] == 27 and report["cut"] == 1
     paths = report["paths"]
-    assert {"training forward (TokenValues)", "rmkit score (CLI)", "environment (in process)", "environment (remote)",
+    assert {"training forward", "rmkit score (CLI)", "environment (in process)", "environment (remote)",
             *(f"serve (requests of {n})" for n in (1, 2, 3, 32))} == set(paths)
     for name, path in paths.items():
         # The environment sees a response joined by the separator: "18 / 2 = 9.\n" + "\n\n" would split back

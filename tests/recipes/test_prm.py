@@ -14,11 +14,12 @@ import yaml
 
 from rmkit import cli
 from rmkit.config import load_config
-from rmkit.data.step_tokenize import tokenize_solution, tokenize_steps
+from rmkit.data.step_tokenize import prefix_rows, tokenize_solution, tokenize_steps
 from rmkit.data.steps import StepSolution
-from rmkit.inference import CONTRACT_FILE, STEP_FIELDS, read_contract, write_contract
+from rmkit.inference import CONTRACT_FILE, STEP_FIELDS, load_scorer, read_contract, write_contract
 from rmkit.models import load_reward_model
 from rmkit.models.critic import TokenValues
+from rmkit.models.step_values import step_values
 from rmkit.recipes.configs import PRMTree
 from rmkit.recipes.prm import collate, prm_step, step_losses
 
@@ -155,10 +156,42 @@ def test_cli_end_to_end(tiny_reward_model, tmp_path, capsys):
     assert not set(STEP_FIELDS) & set(json.loads((tmp_path / CONTRACT_FILE).read_text()))  # others' files unchanged
 
 
-def test_an_encoder_is_refused(tiny_encoder, tmp_path, capsys):
-    train = write_jsonl(tmp_path / "train.jsonl", [stepwise(i) for i in range(4)])
-    code, err = run_train(capsys, "prm.max_num_steps=1", *base_args(tiny_encoder, tmp_path, train))
-    assert code == 2 and "policy.model_name" in err and "encoder" in err
+def test_an_encoder_trains_on_one_row_per_step(tiny_encoder):
+    """An encoder's loss: each labelled step is the classifier of the solution cut after the step's separator (the
+    model's own forward, [CLS] pooled, on that prefix alone), the mean BCE over the steps; `prefix_rows` and
+    `PrefixValues` give it, micro-batched."""
+    model, tokenizer = load_reward_model(tiny_encoder, num_labels=1)
+    items = tokenize_steps(SOLUTIONS, tokenizer, 512, " ;").items
+    terms = []
+    with torch.no_grad():
+        for item in items:
+            for position, label in zip(item.positions, item.labels):
+                logit = model(input_ids=torch.tensor([item.input_ids[: position + 1]])).logits[0, 0].item()
+                p = 1 / (1 + math.exp(-logit))
+                terms.append(-math.log(p if label else 1 - p))
+    rows = prefix_rows(items)
+    assert len(rows) == len(terms) == 9 and all(row.positions == (row.length - 1,) for row in rows)
+    metrics = prm_step(step_values(model), rows, 4, tokenizer.pad_token_id, "float32", torch.device("cpu"))
+    torch.testing.assert_close(metrics["loss"].item(), sum(terms) / len(terms), rtol=1e-5, atol=1e-6)
+
+
+def test_an_encoder_cli_end_to_end_and_its_scores(tiny_encoder, tmp_path, capsys):
+    """MiniLM-style encoder through `rmkit train` (a separator its tokenizer keeps: " ;"), then the export scored by
+    the inference core equals the model's own forward on each step's prefix."""
+    train = write_jsonl(tmp_path / "train.jsonl", [stepwise(i) for i in range(8)])
+    code, err = run_train(capsys, "prm.max_num_steps=2", *base_args(tiny_encoder, tmp_path, train,
+                                                                  **{"prm.step_separator": "' ;'"}))
+    assert code == 0, err[-3000:]
+    final = tmp_path / "out" / "final"
+    scorer = load_scorer(final)
+    assert scorer.contract.reward_position == "first_token" and scorer.contract.step_separator == " ;"
+    prompt, steps = "What is 2 + 2?", ["2 + 2 = 4.", "The answer is 4."]
+    scored = scorer.score_steps([(prompt, steps)])[0]
+    ids, positions, _ = scorer.encode_solution(prompt, steps)
+    with torch.no_grad():
+        expected = [torch.sigmoid(scorer.model(input_ids=torch.tensor([ids[: p + 1]])).logits[0, 0]).item()
+                    for p in positions]
+    assert scored.step_rewards == pytest.approx(expected, abs=1e-5) and scored.reward == min(scored.step_rewards)
 
 
 def test_a_step_holding_the_separator_is_a_data_error(tiny_reward_model, tmp_path, capsys):
