@@ -146,3 +146,16 @@ def test_divergence_stops_the_run_naming_the_step(tiny_policy, tiny_reward_model
     assert "rmkit grpo: training failed: " in err and expected in err and "Traceback" not in err
     assert not (out / "final").exists() and verify_checkpoint(out / "step_1") is None
     assert not (out / "step_2").exists()
+
+
+def test_a_process_reward_model_rewards_grpo(tiny_policy, tiny_prm, prompt_files, tmp_path, capsys):
+    """`env.reward_model.model_name` may name a process reward model: each rollout's reward is the aggregate of its
+    response's steps (rmkit.env), in (0, 1] for the contract's min of step probabilities, and the run trains."""
+    train, val = prompt_files
+    out = tmp_path / "run"
+    assert cli.main(["grpo", *grpo_overrides(tiny_policy, tiny_prm, train, val, out), "grpo.max_num_steps=1"]) == 0
+    records = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
+    rewards = [r["train/reward"] for r in records if "train/reward" in r]
+    assert rewards and all(0 <= r <= 1 for r in rewards)
+    samples = [json.loads(line) for line in (out / "logs" / "samples.jsonl").read_text().splitlines()]
+    assert samples and all(0 <= s["reward"] <= 1 for s in samples)
