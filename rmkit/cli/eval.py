@@ -3,8 +3,8 @@
 
 `rmkit eval --model DIR [--model DIR2 ...] --data FILE [--data FILE2 ...] --report OUT_DIR` writes a
 report of every model on every file instead (`rmkit.report`): pairs (RewardBench v1 and any preference
-layout), RewardBench 2 and RM-Bench files, and ProcessBench files for process reward models, each recognised
-from its first record (or `--layout`)."""
+layout), RewardBench 2 and RM-Bench files, and ProcessBench and PRMBench files for process reward models, each
+recognised from its first record (or `--layout`)."""
 
 from __future__ import annotations
 
@@ -61,9 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--format", default="auto", choices=FORMATS, help="record format (default: sniffed)")
     parser.add_argument("--layout", default="auto", choices=LAYOUTS,
                         help="with --report: pairs (RewardBench v1 and the --format layouts), rewardbench2 "
-                             "(chosen/rejected lists, num_correct), rm-bench (three styles each) or processbench "
-                             "(problem, steps, label: a process reward model's) for every --data file (default: "
-                             "recognised from each file's first record)")
+                             "(chosen/rejected lists, num_correct), rm-bench (three styles each), processbench "
+                             "(problem, steps, label) or prmbench (original and modified processes, error_steps): "
+                             "the last two a process reward model's; for every --data file (default: recognised "
+                             "from each file's first record)")
     parser.add_argument("--prompt-key", default="prompt")
     parser.add_argument("--chosen-key", default="chosen")
     parser.add_argument("--rejected-key", default="rejected")
@@ -198,6 +199,9 @@ def print_report(report: dict, out_dir: str) -> None:
             splits = ", ".join(f"{s} {v['f1']:.4f}" if v["f1"] is not None else f"{s} -"
                                for s, v in pb["splits"].items())
             parts.append(f"ProcessBench average F1 {average} ({splits}; threshold {pb['threshold']})")
+        if "prmbench" in entry:
+            score = entry["prmbench"]["overall"]["prm_score"]
+            parts.append(f"PRMBench PRMScore {score:.4f}" if score is not None else "PRMBench PRMScore -")
         print(f"{name}: " + "; ".join(parts))
         bias = entry["length_bias"]
         if bias is not None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rmkit.report import processbench, rewardbench, rewardbench2, rmbench
+from rmkit.report import prmbench, processbench, rewardbench, rewardbench2, rmbench
 from rmkit.report.metrics import agreement, calibration, most_disagreeing, pair_stats, sigmoid
 from rmkit.report.scoring import EvalSet, ModelScores
 
@@ -38,6 +38,8 @@ def model_report(evalset: EvalSet, scores: ModelScores, calibration_bins: int = 
     if evalset.solutions:
         entry["processbench"] = processbench.processbench_scores(
             evalset.solutions, [s.step_rewards for s in scores.steps], step_threshold)
+    if evalset.prmbench:
+        entry["prmbench"] = prmbench.prmbench_scores(evalset.prmbench, [s.step_rewards for s in scores.prmbench_steps])
     return entry
 
 
@@ -145,12 +147,15 @@ def build_report(evalset: EvalSet, models: list[ModelScores], top_disagreements:
     if evalset.solutions:
         benchmarks["processbench"] = {"source": processbench.SOURCE, "num_rows": len(evalset.solutions),
                                       "threshold": step_threshold, "rule": processbench.THRESHOLD_RULE}
+    if evalset.prmbench:
+        benchmarks["prmbench"] = {"source": prmbench.SOURCE, "num_rows": len(evalset.prmbench),
+                                  "threshold": prmbench.THRESHOLD}
     if benchmarks:
         report["benchmarks"] = benchmarks
     # The benchmarks' own leaderboard keys at the top, for the first model (the one under evaluation); every
     # model's, side by side, stay under `models.<name>`.
     first = models[0].name
-    for key in ("rewardbench_v2", "rm_bench", "processbench"):
+    for key in ("rewardbench_v2", "rm_bench", "processbench", "prmbench"):
         if key in reports[first]:
             report[key] = {"model": first, **reports[first][key]}
     rows = []
@@ -168,7 +173,8 @@ def _write_jsonl(path: Path, rows: list[dict]) -> None:
 def write_report(out_dir: str | Path, evalset: EvalSet, models: list[ModelScores], top_disagreements: int = 50,
                  calibration_bins: int = 10, step_threshold: float = processbench.DEFAULT_THRESHOLD) -> dict:
     """Write `report.json`, `report.html`, per model `scores-<model>.jsonl` (pairs),
-    `scores-rewardbench2-<model>.jsonl`, `scores-rm-bench-<model>.jsonl` and `scores-processbench-<model>.jsonl`
+    `scores-rewardbench2-<model>.jsonl`, `scores-rm-bench-<model>.jsonl`, `scores-processbench-<model>.jsonl` and
+    `scores-prmbench-<model>.jsonl`
     (when the data holds those layouts) and (two or more models, pairs) `disagreements.jsonl` into `out_dir`;
     returns the report."""
     from rmkit.report.html import render_html  # matplotlib is imported only here
@@ -187,6 +193,10 @@ def write_report(out_dir: str | Path, evalset: EvalSet, models: list[ModelScores
             _write_jsonl(out / f"scores-processbench-{scores.name}.jsonl", processbench.prediction_rows(
                 evalset.solutions, [s.step_rewards for s in scores.steps], [s.reward for s in scores.steps],
                 step_threshold))
+        if evalset.prmbench:
+            _write_jsonl(out / f"scores-prmbench-{scores.name}.jsonl", prmbench.prediction_rows(
+                evalset.prmbench, [s.step_rewards for s in scores.prmbench_steps],
+                [s.reward for s in scores.prmbench_steps]))
     if len(models) > 1 and evalset.pairs:
         _write_jsonl(out / DISAGREEMENTS_FILE, rows)
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")

@@ -145,7 +145,7 @@ def pair_sections(report: dict, models: list[ModelScores]) -> list[str]:
 def contents(report: dict, evalset: EvalSet) -> str:
     what = [f"{report['num_pairs']} pairs"] if report["num_pairs"] else []
     for key, label in (("rewardbench_v2", "RewardBench 2 prompts"), ("rm_bench", "RM-Bench prompts"),
-                       ("processbench", "ProcessBench solutions")):
+                       ("processbench", "ProcessBench solutions"), ("prmbench", "PRMBench solutions")):
         if key in report.get("benchmarks", {}):
             what.append(f"{report['benchmarks'][key]['num_rows']} {label}")
     skipped = f", {report['skipped']} records skipped" if report["skipped"] else ""
@@ -167,7 +167,7 @@ def render_html(report: dict, evalset: EvalSet, models: list[ModelScores]) -> st
         *(pair_sections(report, models) if report["num_pairs"] else []),
         benchmark_sections(report), cut_note,
         '<p class="note">Files: report.json, scores-&lt;model&gt;.jsonl (pairs), scores-rewardbench2-&lt;model&gt;.jsonl, '
-        'scores-rm-bench-&lt;model&gt;.jsonl, scores-processbench-&lt;model&gt;.jsonl.</p><p class="note" id="render-check"></p>',
+        'scores-rm-bench-&lt;model&gt;.jsonl, scores-processbench-&lt;model&gt;.jsonl, scores-prmbench-&lt;model&gt;.jsonl.</p><p class="note" id="render-check"></p>',
         "</body></html>",
     ]
     return "\n".join(parts)

@@ -1,6 +1,6 @@
 """The report page's "RewardBench 2", "RM-Bench" and "ProcessBench" sections: every model side by side, the
 baselines, the Ties score's parts, RM-Bench's 3x3 style matrix drawn per domain as a coloured grid, and
-ProcessBench's accuracies and F1 per split."""
+ProcessBench's accuracies and F1 per split, and PRMBench's PRMScore per error type."""
 
 from __future__ import annotations
 
@@ -99,6 +99,23 @@ def processbench_section(report: dict) -> str:
         f"them.{cut_note}</p>"])
 
 
+def prmbench_section(report: dict) -> str:
+    data = report["benchmarks"]["prmbench"]
+    models = {n: e["prmbench"] for n, e in report["models"].items()}
+    first = next(iter(models.values()))
+    header = ["error type", "solutions"] + [f"{_e(n)}: {k}" for n in models for k in ("F1", "negative F1", "PRMScore")]
+    rows = [[_e(kind), str(c["n"])] + [pct(m["classes"][kind][k]) for m in models.values()
+                                       for k in ("f1", "negative_f1", "prm_score")]
+            for kind, c in first["classes"].items()]
+    rows.append(["<b>overall</b> (the modified solutions)", str(first["overall"]["n"])]
+                + [pct(m["overall"][k]) for m in models.values() for k in ("f1", "negative_f1", "prm_score")])
+    return "\n".join([
+        "<h2>PRMBench</h2>", table(header, rows),
+        f'<p class="note">A step is judged correct when its probability is above {num(data["threshold"], 2)}. F1 of '
+        "the correct steps, negative F1 of the wrong ones, PRMScore their mean; each record's clean solution counts "
+        f"once, in the class correct, and not in the overall score. As {_e(data['source'])} computes them.</p>"])
+
+
 def benchmark_sections(report: dict) -> str:
     benchmarks = report.get("benchmarks", {})
     parts = []
@@ -108,4 +125,6 @@ def benchmark_sections(report: dict) -> str:
         parts.append(rm_bench_section(report))
     if "processbench" in benchmarks:
         parts.append(processbench_section(report))
+    if "prmbench" in benchmarks:
+        parts.append(prmbench_section(report))
     return "\n".join(parts)

@@ -7,6 +7,8 @@ file line.
 - `rm-bench`: RM-Bench's rows, `chosen` and `rejected` as the same answer in three styles.
 - `processbench`: ProcessBench's rows, a `problem`, its solution in `steps` and `label`, the first wrong step
   (scored by a process reward model).
+- `prmbench`: PRMBench's rows, a clean and a modified solution with its `error_steps` and `classification`
+  (scored by a process reward model).
 
 RM-Bench publishes pretty-printed JSON lists, so a bad record is named by the line where its object opens
 (`located_records`), not by its index.
@@ -21,15 +23,18 @@ from pathlib import Path
 from rmkit.data.readers import JSON_SUFFIXES, JSONL_SUFFIXES, PARQUET_SUFFIXES, RawRecord, read_records
 from rmkit.errors import DataError
 
-LAYOUTS = ("auto", "pairs", "rewardbench2", "rm-bench", "processbench")
+LAYOUTS = ("auto", "pairs", "rewardbench2", "rm-bench", "processbench", "prmbench")
 
 
 def layout_of_record(data: dict) -> str:
     """`rewardbench2` when `chosen` is a list and `num_correct` is present; `rm-bench` when `chosen` and
-    `rejected` are lists of texts (styles); `processbench` when it has `problem`, `steps` and `label`; else
-    `pairs` (a list of chat messages is a conversation)."""
+    `rejected` are lists of texts (styles); `processbench` when it has `problem`, `steps` and `label`; `prmbench`
+    when it has `original_process`, `modified_process` and `error_steps`; else `pairs` (a list of chat messages is
+    a conversation)."""
     if {"problem", "steps", "label"} <= set(data):
         return "processbench"
+    if {"original_process", "modified_process", "error_steps"} <= set(data):
+        return "prmbench"
     chosen, rejected = data.get("chosen"), data.get("rejected")
     if isinstance(chosen, list) and "num_correct" in data:
         return "rewardbench2"

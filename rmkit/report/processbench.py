@@ -50,6 +50,8 @@ class ProcessRow:
     def source(self) -> str:
         return self.record.source
 
+    steps_field = "steps"
+
 
 def parse_row(record: RawRecord, split: str) -> ProcessRow:
     """A checked row (`rmkit.data.steps.parse_processbench`: the errors name file, line and field)."""

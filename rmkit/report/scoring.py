@@ -1,4 +1,5 @@
-"""What a report evaluates (pairs grouped by subset; RewardBench 2 rows; RM-Bench rows; ProcessBench solutions),
+"""What a report evaluates (pairs grouped by subset; RewardBench 2 rows; RM-Bench rows; ProcessBench and PRMBench
+solutions),
 read from several files of any of those layouts, and one model's rewards on all of it, scored through the
 inference core."""
 
@@ -14,7 +15,7 @@ from rmkit.data import PreferencePair, load_preference_data
 from rmkit.data.tokenize import canonical_input
 from rmkit.errors import ConfigError, DataError
 from rmkit.inference import RewardScorer, StepRewards
-from rmkit.report import processbench, rewardbench2, rmbench
+from rmkit.report import prmbench, processbench, rewardbench2, rmbench
 from rmkit.report.layouts import LAYOUTS, detect_layout, records_or_raise
 from rmkit.report.metrics import response_length
 
@@ -22,8 +23,8 @@ from rmkit.report.metrics import response_length
 @dataclass
 class EvalSet:
     """Every pair of the pair files in order, its subset, and the lengths of its two responses; the rows of
-    the RewardBench 2 files (`best_of`), of the RM-Bench files (`styles`) and of the ProcessBench files
-    (`solutions`); each file's layout."""
+    the RewardBench 2 files (`best_of`), of the RM-Bench files (`styles`), of the ProcessBench files
+    (`solutions`) and of the PRMBench files (`prmbench`); each file's layout."""
 
     paths: list[str]
     pairs: list[PreferencePair]
@@ -35,13 +36,15 @@ class EvalSet:
     styles: list[rmbench.StyleRow] = field(default_factory=list)
     layouts: dict[str, str] = field(default_factory=dict)
     solutions: list[processbench.ProcessRow] = field(default_factory=list)
+    prmbench: list[prmbench.PRMBenchRow] = field(default_factory=list)
 
 
 @dataclass
 class ModelScores:
     """One model's rewards (float64, the head's first output) on an `EvalSet`: `[N]` chosen and rejected
     of the pairs; per RewardBench 2 row its completions' `[n_i]` (chosen first); RM-Bench's `[M, 3]` chosen
-    and rejected styles; a process reward model's `steps` of every ProcessBench solution. `truncated` counts
+    and rejected styles; a process reward model's `steps` of every ProcessBench solution and `prmbench_steps` of
+    every PRMBench one. `truncated` counts
     pairs with a side cut to the model's max length, `truncated_texts` the RewardBench 2 and RM-Bench completions
     cut."""
 
@@ -55,6 +58,7 @@ class ModelScores:
     styles_rejected: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
     truncated_texts: int = 0
     steps: list[StepRewards] = field(default_factory=list)
+    prmbench_steps: list[StepRewards] = field(default_factory=list)
 
 
 def subset_of_file(path: str) -> str:
@@ -67,12 +71,14 @@ def load_eval_set(paths: list[str], layout: str = "auto", **load_options) -> Eva
     """Every file in its layout (`rmkit.report.layouts`: recognised from its first record, or `layout`
     for all). Pairs: `load_preference_data(path, **load_options)`; a record's `subset` field names its
     subset, else the file does (`subset_of_file`). RewardBench 2 rows, RM-Bench rows and
-    ProcessBench solutions (their split: the file's name) are checked record by record; the first bad one raises
+    ProcessBench solutions (their split: the file's name) and PRMBench records (the clean solution of an `idx` once;
+    with `on_error="skip"` a bad record is skipped and listed) are checked record by record; the first bad one raises
     a `DataError` naming file and line."""
     if layout not in LAYOUTS:
         raise ConfigError("--layout", f"must be one of {', '.join(LAYOUTS)}, got {layout!r}")
     allow_empty = load_options.get("allow_empty_response", False)
-    pairs, subsets, skipped, best_of, styles, solutions, layouts = [], [], [], [], [], [], {}
+    pairs, subsets, skipped, best_of, styles, solutions, bench_rows, layouts = [], [], [], [], [], [], [], {}
+    seen_clean: set = set()
     for path in map(str, paths):
         layouts[path] = kind = detect_layout(path) if layout == "auto" else layout
         if kind == "rewardbench2":
@@ -81,16 +87,24 @@ def load_eval_set(paths: list[str], layout: str = "auto", **load_options) -> Eva
             styles.extend(rmbench.parse_row(r, allow_empty) for r in records_or_raise(path))
         elif kind == "processbench":
             solutions.extend(processbench.parse_row(r, subset_of_file(path)) for r in records_or_raise(path))
+        elif kind == "prmbench":  # 103 of its 6,216 records have an error step past the process: --skip-bad
+            for record in records_or_raise(path):
+                try:
+                    bench_rows.extend(prmbench.parse_rows(record, seen_clean))
+                except DataError as err:
+                    if load_options.get("on_error") != "skip":
+                        raise
+                    skipped.append((record.source, str(err)))
         else:
             loaded = load_preference_data(path, **load_options)
             pairs.extend(loaded.records)
             subsets.extend(p.subset or subset_of_file(path) for p in loaded.records)
             skipped.extend(loaded.skipped)
-    if not (pairs or best_of or styles or solutions):
+    if not (pairs or best_of or styles or solutions or bench_rows):
         raise DataError(", ".join(map(str, paths)), None, None, "nothing to evaluate")
     lengths = np.array([[response_length(p.chosen), response_length(p.rejected)] for p in pairs]).reshape(-1, 2)
     return EvalSet([str(p) for p in paths], pairs, np.array(subsets, dtype=object), lengths[:, 0],
-                   lengths[:, 1], skipped, best_of, styles, layouts, solutions)
+                   lengths[:, 1], skipped, best_of, styles, layouts, solutions, bench_rows)
 
 
 def score_texts(scorer: RewardScorer, inputs: list) -> tuple[np.ndarray, int]:
@@ -102,31 +116,32 @@ def score_texts(scorer: RewardScorer, inputs: list) -> tuple[np.ndarray, int]:
     return rewards, sum(full > len(ids) for ids, full in encoded)
 
 
-def score_steps(scorer: RewardScorer, evalset: EvalSet, path: str) -> list[StepRewards]:
-    """A process reward model's steps of every ProcessBench solution, file by file (each file's solutions in one
-    `score_steps` call, as `rmkit score` makes it, so the two agree to the bit); a step holding the model's
-    separator is a DataError naming the record and the step."""
+def score_steps(scorer: RewardScorer, rows: list, path: str) -> list[StepRewards]:
+    """A process reward model's steps of every solution of `rows` (ProcessBench's or PRMBench's: `prompt`, `steps`,
+    `steps_field`, `record`), file by file (each file's solutions in one `score_steps` call, as `rmkit score` makes it, so the
+    two agree to the bit); a step holding the model's separator is a DataError naming the record and the step."""
     scorer.check_process(path)
     separator = scorer.contract.step_separator
-    for row in evalset.solutions:
+    for row in rows:
         for i, step in enumerate(row.steps):
             if separator in step:
-                raise row.record.error(f"steps[{i}]", f"contains the model's step separator {separator!r} (the steps "
+                raise row.record.error(f"{row.steps_field}[{i}]", f"contains the model's step separator {separator!r} (the steps "
                                                       "are joined with it, so this step would read as several)")
     out = []
-    for file in dict.fromkeys(row.record.path for row in evalset.solutions):
-        out += scorer.score_steps([(r.prompt, r.steps) for r in evalset.solutions if r.record.path == file])
+    for file in dict.fromkeys(row.record.path for row in rows):
+        out += scorer.score_steps([(r.prompt, r.steps) for r in rows if r.record.path == file])
     return out
 
 
 def score_model(scorer: RewardScorer, evalset: EvalSet, name: str, path: str) -> ModelScores:
     """Both sides of every pair, every completion of every RewardBench 2 row and every style of every
     RM-Bench answer, scored by `scorer` one input at a time (each cut on its own: the scoring contract); a
-    process reward model's steps of every ProcessBench solution (`score_steps`). A process reward model given
+    process reward model's steps of every ProcessBench and PRMBench solution (`score_steps`). A process reward model given
     pairs, or a model of whole responses given ProcessBench, is a ConfigError naming `--model`."""
     if evalset.pairs or evalset.best_of or evalset.styles:
         scorer.check_outcome(path)
-    steps = score_steps(scorer, evalset, path) if evalset.solutions else []
+    steps = score_steps(scorer, evalset.solutions, path) if evalset.solutions else []
+    bench_steps = score_steps(scorer, evalset.prmbench, path) if evalset.prmbench else []
     chosen, rejected, truncated = np.zeros(0), np.zeros(0), 0
     if evalset.pairs:
         tokenized = scorer.encode_pairs(evalset.pairs)
@@ -142,7 +157,7 @@ def score_model(scorer: RewardScorer, evalset: EvalSet, name: str, path: str) ->
                                               for c in r.chosen + r.rejected])
     styled = styled.reshape(-1, 2, len(rmbench.STYLES))  # [M, chosen/rejected, style]
     return ModelScores(name, str(path), chosen, rejected, truncated, best_of, styled[:, 0].copy(),
-                       styled[:, 1].copy(), cut + cut_styles, steps)
+                       styled[:, 1].copy(), cut + cut_styles, steps, bench_steps)
 
 
 def model_names(paths: list[str]) -> list[str]:
