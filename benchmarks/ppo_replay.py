@@ -19,7 +19,7 @@ each model the distance of its weights from TRL's after the step, relative to th
 step (`distance / update`). The same computation gives float rounding (~1e-3 of an update and below); a
 difference in the algorithm gives a difference of the order of the update.
 
-    bash benchmarks/setup_trl_ppo_env.sh
+    bash benchmarks/setup_trl_env.sh ppo
     python benchmarks/ppo_replay.py --reward-model results/rm_smollm2/final --seed 45 --steps 3 --lr 3e-5
     python benchmarks/ppo_replay.py --smoke    # tiny random models, 2 steps
     python benchmarks/ppo_replay.py ... --from-record   # rmkit's half again on the recording in WORK_DIR

@@ -2,7 +2,7 @@
 critic initialisation and prompts, side by side in one run.
 
 TRL 1.12.0 is the last release that ships a PPOTrainer (`trl/experimental/ppo/`; 1.13.0 removed it), so its side
-runs in its own environment, `.venv-trl112` in the repository root (`benchmarks/setup_trl_ppo_env.sh`, or
+runs in its own environment, `.venv-trl112` in the repository root (`benchmarks/setup_trl_env.sh ppo`, or
 `--trl-python`); rmkit's side runs in this interpreter, through `rmkit ppo`'s CLI entry point. Each side trains in
 a fresh subprocess (`harness.launch`) on `--threads` torch threads.
 
@@ -55,7 +55,7 @@ save fall outside. Then the held-out reward: one greedy completion per held-out 
 of hh_harmless_val.jsonl), from the initial policy and each final one, by `rmkit.generation`, scored by rmkit's
 reward environment, in this process (`grpo_vs_trl.held_out_reward`).
 
-    bash benchmarks/setup_trl_ppo_env.sh
+    bash benchmarks/setup_trl_env.sh ppo
     python benchmarks/ppo_vs_trl.py --reward-model results/rm_smollm2/final
     python benchmarks/ppo_vs_trl.py --smoke    # tiny random models, 2 steps: both sides work end to end
     python benchmarks/ppo_vs_trl.py rescore benchmarks/results/ppo_vs_trl.json --eval-prompts 128   # more prompts
@@ -128,7 +128,7 @@ def check_settings(parser: argparse.ArgumentParser, args: argparse.Namespace, tr
     if args.prompts % args.minibatches:
         parser.error(f"--minibatches ({args.minibatches}) must divide --prompts ({args.prompts})")
     if trl_hint is not None and not args.trl_python.exists():
-        parser.error(f"{args.trl_python} is missing: run benchmarks/setup_trl_ppo_env.sh, or {trl_hint}")
+        parser.error(f"{args.trl_python} is missing: run benchmarks/setup_trl_env.sh ppo, or {trl_hint}")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -1,7 +1,7 @@
 """A process reward model trained twice, with TRL 1.13.0's `PRMTrainer` and with `rmkit train --config
 configs/prm.yaml`, on the same PRM800K solutions from the same SmolLM2 base, then both scored on ProcessBench.
 
-TRL's side runs in its own environment, `.venv-trl113` in the repository root (`benchmarks/setup_trl_prm_env.sh`,
+TRL's side runs in its own environment, `.venv-trl113` in the repository root (`benchmarks/setup_trl_env.sh prm`,
 or `--trl-python`), with the same torch, transformers, accelerate and datasets as rmkit's `.venv`; rmkit's side runs
 in this interpreter through `rmkit train`'s CLI entry point. Each side trains in a fresh subprocess
 (`harness.launch`) on `--threads` torch threads.
@@ -63,7 +63,7 @@ mean over the splits). ProcessBench files list their erroneous solutions first, 
 the first ceil(N/2) erroneous and the first floor(N/2) correct solutions of each split, in file order. PRM800K's
 problems come from MATH, as ProcessBench's `math` split does.
 
-    bash benchmarks/setup_trl_prm_env.sh
+    bash benchmarks/setup_trl_env.sh prm
     python benchmarks/prm_vs_trl.py --solutions 512 --processbench-limit 40
     python benchmarks/prm_vs_trl.py --smoke    # tiny random models, 2 steps, 4 rows per split: end to end
     python benchmarks/prm_vs_trl.py table benchmarks/results/prm_vs_trl.json
@@ -133,7 +133,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--micro-batch-size ({args.micro_batch_size}) must divide --batch-size ({args.batch_size}), "
                      f"and that --solutions ({args.solutions}): every optimizer step a whole batch")
     if "trl" in args.sides and not args.trl_python.exists():
-        parser.error(f"{args.trl_python} is missing: run benchmarks/setup_trl_prm_env.sh, or pass --sides rmkit")
+        parser.error(f"{args.trl_python} is missing: run benchmarks/setup_trl_env.sh prm, or pass --sides rmkit")
     args.output = args.output or (args.work_dir / "prm_vs_trl_smoke.json" if args.smoke else
                                   common.REPO_ROOT / "benchmarks" / "results" / "prm_vs_trl.json")
     return args

@@ -1,5 +1,5 @@
 """benchmarks/ppo_replay.py: TRL's rows laid out as rmkit's batch, rmkit's per-token tensors read back at TRL's
-columns, the weights distance, and, where the TRL 1.12.0 environment exists (benchmarks/setup_trl_ppo_env.sh),
+columns, the weights distance, and, where the TRL 1.12.0 environment exists (benchmarks/setup_trl_env.sh ppo),
 the replay end to end: rmkit's update on TRL's recorded steps lands on TRL's weights."""
 
 import json
@@ -76,7 +76,7 @@ def test_from_record_needs_a_recording_of_every_step(tmp_path, capsys):
 
 @pytest.mark.slow  # ~60 s: TRL's run in its environment, then rmkit's update on each step
 @pytest.mark.skipif(not ppo_vs_trl.TRL_PYTHON.exists(),
-                    reason="no .venv-trl112: run benchmarks/setup_trl_ppo_env.sh for the end-to-end run")
+                    reason="no .venv-trl112: run benchmarks/setup_trl_env.sh ppo for the end-to-end run")
 def test_rmkits_update_on_trls_steps_lands_on_trls_weights(shared_data, tmp_path):
     out = tmp_path / "replay.json"
     assert ppo_replay.main(["--smoke", "--steps", "3", "--threads", "1", "--data-dir", str(shared_data),

@@ -1,6 +1,6 @@
 """benchmarks/ppo_vs_trl.py: the command line, the settings both configs are built from (every matched key
 checked against its counterpart, rmkit's config loaded by rmkit's own loader), and, where the TRL 1.12.0
-environment exists (benchmarks/setup_trl_ppo_env.sh), the smoke run end to end."""
+environment exists (benchmarks/setup_trl_env.sh ppo), the smoke run end to end."""
 
 import json
 import math
@@ -33,7 +33,7 @@ def test_command_line_checks_and_smoke_defaults(capsys):
     assert "--reward-model is required" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         ppo_vs_trl.parse_args(["--smoke", "--trl-python", "/nonexistent/python"])
-    assert "setup_trl_ppo_env.sh" in capsys.readouterr().err
+    assert "setup_trl_env.sh ppo" in capsys.readouterr().err
     smoke = args("--smoke", "--steps", "3")
     assert (smoke.prompts, smoke.max_new_tokens, smoke.steps) == (ppo_vs_trl.SMOKE["prompts"],
                                                                  ppo_vs_trl.SMOKE["max_new_tokens"], 3)
@@ -143,7 +143,7 @@ def test_rescore_summarises_seeds_from_the_scores_their_runs_made(shared_data, t
 
 @pytest.mark.slow  # ~80 s: two training subprocesses, each importing transformers (and TRL 1.12.0)
 @pytest.mark.skipif(not ppo_vs_trl.TRL_PYTHON.exists(),
-                    reason="no .venv-trl112: run benchmarks/setup_trl_ppo_env.sh for the end-to-end run")
+                    reason="no .venv-trl112: run benchmarks/setup_trl_env.sh ppo for the end-to-end run")
 def test_smoke_run_end_to_end(shared_data, tmp_path, capsys, monkeypatch):
     out = tmp_path / "ppo_vs_trl.json"
     assert ppo_vs_trl.main(["--smoke", "--threads", "1", "--data-dir", str(shared_data),

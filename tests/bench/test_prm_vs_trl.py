@@ -1,6 +1,6 @@
 """benchmarks/prm_vs_trl.py: which solutions both trainers get and in what form, the settings both configs carry,
 the TRL-layout scorer against a hand-built layout and an unbatched forward, and, where the TRL 1.13.0 environment
-exists (benchmarks/setup_trl_prm_env.sh), the smoke run end to end."""
+exists (benchmarks/setup_trl_env.sh prm), the smoke run end to end."""
 
 import json
 import math
@@ -113,7 +113,7 @@ def test_command_line_and_both_configs_carry_the_same_settings(tmp_path, capsys)
     assert "must divide" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         prm_vs_trl.parse_args(["--trl-python", "/nonexistent/python"])
-    assert "setup_trl_prm_env.sh" in capsys.readouterr().err
+    assert "setup_trl_env.sh prm" in capsys.readouterr().err
     smoke = prm_vs_trl.parse_args(["--smoke", "--trl-python", sys.executable])
     assert smoke.output == smoke.work_dir / "prm_vs_trl_smoke.json"  # a smoke run never overwrites the results
     assert smoke.solutions // smoke.batch_size == 2
@@ -143,7 +143,7 @@ def test_command_line_and_both_configs_carry_the_same_settings(tmp_path, capsys)
 
 @pytest.mark.slow  # ~40 s: two training subprocesses, each importing transformers (and TRL 1.13.0)
 @pytest.mark.skipif(not prm_vs_trl.TRL_PYTHON.exists(),
-                    reason="no .venv-trl113: run benchmarks/setup_trl_prm_env.sh for the end-to-end run")
+                    reason="no .venv-trl113: run benchmarks/setup_trl_env.sh prm for the end-to-end run")
 def test_smoke_run_end_to_end(shared_data, tmp_path):
     out = tmp_path / "prm_vs_trl.json"
     assert prm_vs_trl.main(["--smoke", "--threads", "1", "--data-dir", str(shared_data / "prm"),
