@@ -36,6 +36,12 @@ training pairs, length and epochs may be reused: the results file records them.
 `--keep-models DIR` keeps every run's trained model as `DIR/<variant>-seed<S>` (for `rmkit merge`).
 
 A variant is `trl`, `rmkit`, or `LABEL:KEY=VALUE[+KEY=VALUE...]`: rmkit with those config overrides.
+
+`compare BASE.json OTHER.json` sets two studies of one training draw side by side (another max length, another
+number of epochs): per variant both hold, per file, the paired difference OTHER minus BASE over the same pairs and
+seeds, its standard error clustered by prompt (the rule for the shipped defaults reads it):
+
+    python benchmarks/quality_vs_trl.py compare RESULTS_256.json RESULTS_512.json --output compare.json
 """
 
 from __future__ import annotations
@@ -300,8 +306,45 @@ def markdown_table(payload: dict) -> str:
     return harness.markdown(head, rows)
 
 
+def compare(base: dict, other: dict) -> dict:
+    """Per variant in both studies and per file, `paired(other, base)` over their common seeds, clustered by prompt;
+    SystemExit when the two were not trained on one draw or scored on the same pairs."""
+    for key in ("split", "files", "pair_facts"):
+        if base[key] != other[key]:
+            raise SystemExit(f"compare: the studies differ in {key!r}: compare studies of one training draw, scored "
+                             "on the same files")
+    out = {}
+    for label in [v for v in base["summary"] if v in other["summary"]]:
+        mine = [r for r in other["runs"] if r["variant"] == label]
+        theirs = [r for r in base["runs"] if r["variant"] == label]
+        seeds = sorted({r["seed"] for r in mine} & {r["seed"] for r in theirs})
+        out[label] = {"seeds": seeds, **{name: paired(_correct(mine, seeds, name), _correct(theirs, seeds, name),
+                                                      base["pair_facts"][name]["clusters"])
+                                         for name in base["files"]}}
+    return {"base": base["setting"], "other": other["setting"], "files": base["files"], "variants": out}
+
+
+def compare_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="quality_vs_trl.py compare", description=compare.__doc__)
+    parser.add_argument("base", type=Path)
+    parser.add_argument("other", type=Path)
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args(argv)
+    result = compare(*(json.loads(p.read_text(encoding="utf-8")) for p in (args.base, args.other)))
+    if args.output:
+        common.write_json(args.output, result)
+    files = result["files"]
+    print(harness.markdown(["variant", "seeds"] + [f"{_short(f)}: other - base (SE)" for f in files],
+                           [[label, ",".join(map(str, row["seeds"]))]
+                            + [f"{row[f]['mean_difference']:+.1%} ({row[f]['standard_error']:.1%})" for f in files]
+                            for label, row in result["variants"].items()]))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["compare"]:
+        return compare_main(argv[1:])
     args = parse_args(argv)
     if args.study == "pref":
         train_path, eval_dir = pref_split(args)

@@ -230,6 +230,28 @@ def test_quality_paired_comparison_against_hand_computed_values():
     assert parse_variant("random:data.batching=random+rm.seed=3") == ("random", "rmkit", ["data.batching=random", "rm.seed=3"])
 
 
+def test_two_studies_compare_pair_by_pair_on_their_common_seeds():
+    """`compare`: OTHER minus BASE per variant and file, over the seeds both hold, clustered by prompt; studies of
+    different draws are refused."""
+    from benchmarks.quality_vs_trl import compare, paired
+
+    facts = {"dev.jsonl": {"clusters": [0, 0, 1, 1], "chosen_longer": [1, 0, 1, 0]}}
+
+    def study(correct_by_seed: dict, max_length: int) -> dict:
+        runs = [{"variant": "rmkit", "seed": s, "correct/dev.jsonl": c} for s, c in correct_by_seed.items()]
+        return {"split": {"seed": 7}, "files": ["dev.jsonl"], "pair_facts": facts, "setting": {"max_length": max_length},
+                "summary": {"rmkit": {}}, "runs": runs}
+
+    base = study({1: [1, 0, 0, 1], 2: [1, 1, 0, 0], 3: [0, 0, 0, 0]}, 256)
+    other = study({1: [1, 1, 0, 1], 2: [1, 1, 1, 0]}, 512)  # seed 3 missing: compared on seeds 1 and 2
+    result = compare(base, other)
+    expected = paired([[1, 1, 0, 1], [1, 1, 1, 0]], [[1, 0, 0, 1], [1, 1, 0, 0]], [0, 0, 1, 1])
+    assert result["variants"]["rmkit"]["seeds"] == [1, 2] and result["variants"]["rmkit"]["dev.jsonl"] == expected
+    assert expected["mean_difference"] == pytest.approx(0.25)
+    with pytest.raises(SystemExit, match="differ in 'split'"):
+        compare(base, {**other, "split": {"seed": 8}})
+
+
 def test_reused_runs_are_matched_by_variant_overrides_seed_and_files(tmp_path):
     from benchmarks.quality_vs_trl import reusable_runs
 
