@@ -157,7 +157,7 @@ def check_options(args) -> None:
     if args.tokenizer:
         from rmkit.models.setup import model_source  # torch, only when token statistics are asked for
 
-        model_source(args.tokenizer, "--tokenizer")
+        args.tokenizer = model_source(args.tokenizer, "--tokenizer")  # a packaged alias (minilm) becomes its folder
 
 
 def main(argv: list[str]) -> int:

@@ -66,3 +66,9 @@ def test_data_check_options(argv, error, capsys):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and error in err.strip().splitlines()[-1], err
+
+
+def test_data_check_takes_a_packaged_tokenizer_by_its_alias(capsys):
+    """`--tokenizer minilm` passed the path check, then went to the Hub as a repository named "minilm"."""
+    assert cli.main(["data", "check", DATA, "--tokenizer", "minilm", "--max-length", "64"]) == 0
+    assert "chosen tokens: min" in capsys.readouterr().out
