@@ -47,17 +47,20 @@ def test_train_metrics_samples_cache_and_export(tiny_policy, files, tmp_path, ca
     reference = AutoModelForCausalLM.from_pretrained(tiny_policy)
     assert not torch.equal(model.lm_head.weight, reference.lm_head.weight)
 
-    # A repeated run reads the cached reference pass; a changed max length computes a new one.
+    # A repeated run (the same steps, so the same pairs) reads the cached reference pass; a changed max length
+    # computes a new one; a run that stops after one step computes its 4 pairs only.
     cache = sorted((out / "reference_logprobs").iterdir())
     mtimes = [p.stat().st_mtime_ns for p in cache]
     capsys.readouterr()
-    train(dpo_config(tiny_policy, *files, out, dpo={"max_num_steps": 1}))
+    train(dpo_config(tiny_policy, *files, out))
     err = capsys.readouterr().err
     assert "reference log-probs of 12 pairs read from" in err and "computed" not in err
     assert [p.stat().st_mtime_ns for p in sorted((out / "reference_logprobs").iterdir())] == mtimes
-    train(dpo_config(tiny_policy, *files, out, dpo={"max_num_steps": 1}, policy={"max_total_sequence_length": 40}))
+    train(dpo_config(tiny_policy, *files, out, policy={"max_total_sequence_length": 40}))
     assert "reference log-probs of 12 pairs computed" in capsys.readouterr().err
     assert len(list((out / "reference_logprobs").iterdir())) == 4
+    train(dpo_config(tiny_policy, *files, out, dpo={"max_num_steps": 1}))
+    assert "reference log-probs of 4 pairs computed" in capsys.readouterr().err
 
 
 def test_lora_run(tiny_policy, files, tmp_path):
