@@ -316,9 +316,12 @@ class RewardScorer:
         return ids[: self.max_length], [end for end in ends if end < self.max_length], len(ends)
 
     def score_steps(self, solutions: Sequence[tuple[str, Sequence[str]]]) -> list[StepRewards]:
-        """Each `(prompt, steps)` solution's step probabilities and reward (`StepRewards`), in order; the model's
-        train/eval mode is restored afterwards."""
-        encoded = [self.encode_solution(prompt, steps) for prompt, steps in solutions]
+        """Each `(prompt, steps)` solution's step probabilities and reward (`StepRewards`), in order."""
+        return self.score_solution_ids([self.encode_solution(prompt, steps) for prompt, steps in solutions])
+
+    def score_solution_ids(self, encoded: Sequence[tuple[list[int], list[int], int]]) -> list[StepRewards]:
+        """`score_steps` of solutions already encoded by `encode_solution`; the model's train/eval mode is restored
+        afterwards."""
         device = next(self.model.parameters()).device
         was_training = self.model.training
         self.model.eval()

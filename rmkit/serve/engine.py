@@ -176,8 +176,10 @@ class ScoringEngine:
         """Whether the model scores the steps of solutions (a process reward model)."""
         return self.scorer.is_process
 
-    def check_solutions(self, solutions: Sequence[tuple[str, Sequence[str]]], where: str = "solutions") -> int:
-        """The tokens (after the cut) of `(prompt, steps)` solutions checked for a process reward model. InputError
+    def check_solutions(self, solutions: Sequence[tuple[str, Sequence[str]]],
+                        where: str = "solutions") -> list[tuple[list[int], list[int], int]]:
+        """`(prompt, steps)` solutions checked for a process reward model and encoded (the core's
+        `encode_solution`: ids after the cut, label positions, number of steps). InputError
         naming `where[i]` and the field for an empty prompt, steps that are not a non-empty list of non-empty
         strings, a step holding the step separator, a solution over the max length under "refuse"; and when the
         model is not a process reward model."""
@@ -186,7 +188,7 @@ class ScoringEngine:
                              "step_separator): score whole texts with POST /v1/score")
         if not solutions:
             raise InputError("no solutions to score")
-        separator, tokens = self.scorer.contract.step_separator, 0
+        separator, encoded = self.scorer.contract.step_separator, []
         for i, (prompt, steps) in enumerate(solutions):
             if not isinstance(prompt, str) or not prompt.strip():
                 raise InputError(f"{where}[{i}].prompt must be a non-empty string")
@@ -198,19 +200,21 @@ class ScoringEngine:
                 if separator in step:
                     raise InputError(f"{where}[{i}].steps[{j}] contains the step separator {separator!r}: send it "
                                      "as separate steps")
-            ids, positions, num_steps = self.scorer.encode_solution(prompt, steps)
+            encoded.append(self.scorer.encode_solution(prompt, steps))
+            _, positions, num_steps = encoded[-1]
             if len(positions) < num_steps and self.overlong == "refuse":
                 raise InputError(f"{where}[{i}] has steps past the maximum of {self.max_length} tokens")
-            tokens += len(ids)
-        return tokens
+        return encoded
 
     def score_steps(self, solutions: Sequence[tuple[str, Sequence[str]]],
                     where: str = "solutions") -> tuple[list[StepRewards], int]:
         """Each `(prompt, steps)` solution's step probabilities and reward (the core's `score_steps`, whose
-        `StepRewards` says what a cut solution gets), checked first (`check_solutions`), and the tokens read."""
-        tokens = self.check_solutions(solutions, where)
+        `StepRewards` says what a cut solution gets), checked and encoded once first (`check_solutions`), and the
+        tokens read."""
+        encoded = self.check_solutions(solutions, where)
+        tokens = sum(len(ids) for ids, _, _ in encoded)
         with self._lock:
-            results = self.scorer.score_steps(solutions)
+            results = self.scorer.score_solution_ids(encoded)
         if self.on_batch is not None:
             self.on_batch(1, len(solutions), tokens)
         return results, tokens

@@ -14,6 +14,14 @@ def _series(history: list[dict], key: str) -> tuple[list[int], list[float]]:
     return [p[0] for p in points], [p[1] for p in points]
 
 
+def _save(plt, fig, path: Path) -> Path:
+    """Lay the figure out, write it to `path` as a PNG and free it."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
 def plot_training_curves(history: list[dict], path: Path, metrics: tuple[str, ...] = ("loss", "acc")) -> Path | None:
     """One panel per metric over steps (loss and accuracy by default): training (`train/*`) and each
     validation set (`validation-*/*`)."""
@@ -30,10 +38,7 @@ def plot_training_curves(history: list[dict], path: Path, metrics: tuple[str, ..
         ax.set_title(metric)
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_curves(history: list[dict], path: Path, panels: dict[str, list[str]]) -> Path | None:
@@ -51,10 +56,7 @@ def plot_curves(history: list[dict], path: Path, panels: dict[str, list[str]]) -
         ax.set_title(title)
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
 
 
 def plot_reward_histograms(rewards: dict[str, tuple[torch.Tensor, torch.Tensor]], path: Path) -> Path | None:
@@ -69,7 +71,4 @@ def plot_reward_histograms(rewards: dict[str, tuple[torch.Tensor, torch.Tensor]]
         ax.set_title(f"validation-{name} rewards")
         ax.set_xlabel("reward")
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return _save(plt, fig, path)
