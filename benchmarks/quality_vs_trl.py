@@ -35,7 +35,9 @@ training pairs, length and epochs may be reused: the results file records them.
 
 `--keep-models DIR` keeps every run's trained model as `DIR/<variant>-seed<S>` (for `rmkit merge`).
 
-A variant is `trl`, `rmkit`, or `LABEL:KEY=VALUE[+KEY=VALUE...]`: rmkit with those config overrides.
+A variant is `trl`, `rmkit`, or `LABEL:KEY=VALUE[+KEY=VALUE...]`: rmkit with those config overrides. An arm of
+overrides is compared pair by pair with TRL and with rmkit's default recipe (`vs_rmkit`: what the rule for the
+shipped defaults reads). A study may leave TRL out (`--variants rmkit,ARM...`): rmkit's arms alone.
 
 `compare BASE.json OTHER.json` sets two studies of one training draw side by side (another max length, another
 number of epochs): per variant both hold, per file, the paired difference OTHER minus BASE over the same pairs and
@@ -87,8 +89,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
     args.variants = [parse_variant(v) for v in args.variants.split(",") if v]
-    if "trl" not in {label for label, _, _ in args.variants}:
-        parser.error("--variants must include trl: every variant is compared with it")
+    if not {"trl", "rmkit"} & {label for label, _, _ in args.variants}:
+        parser.error("--variants must include trl or rmkit: every other variant is compared with them")
     return args
 
 
@@ -265,15 +267,19 @@ def summarize(runs: list[dict], files: list[str], facts: dict | None = None) -> 
                 row[name]["vs_length_only"] = paired(correct, [longer], facts[name]["clusters"])
                 row[name]["length_controlled"] = length_controlled(correct, longer)
         summary[label] = row
-    trl = [r for r in runs if r["variant"] == "trl"]
     for label, row in summary.items():
-        if label == "trl" or not trl:  # a learning curve has rmkit's runs only
-            continue
-        mine = [r for r in runs if r["variant"] == label]
-        seeds = sorted({r["seed"] for r in mine} & {r["seed"] for r in trl})
-        row["vs_trl"] = {name: paired(_correct(mine, seeds, name), _correct(trl, seeds, name),
-                                      facts[name]["clusters"] if name in facts else None) for name in files}
-        row["vs_trl"]["speed_ratio"] = row["pairs_per_s"] / summary["trl"]["pairs_per_s"]
+        # Every variant against TRL; an arm of overrides also against rmkit's default recipe (the rule for
+        # the shipped defaults reads that one). A learning curve has rmkit's runs only.
+        for base in ("trl", "rmkit"):
+            if label in ("trl", base) or base not in summary:
+                continue
+            mine = [r for r in runs if r["variant"] == label]
+            theirs = [r for r in runs if r["variant"] == base]
+            seeds = sorted({r["seed"] for r in mine} & {r["seed"] for r in theirs})
+            row[f"vs_{base}"] = {name: paired(_correct(mine, seeds, name), _correct(theirs, seeds, name),
+                                              facts[name]["clusters"] if name in facts else None) for name in files}
+            row[f"vs_{base}"]["seeds"] = seeds
+            row[f"vs_{base}"]["speed_ratio"] = row["pairs_per_s"] / summary[base]["pairs_per_s"]
     return summary
 
 
@@ -303,7 +309,15 @@ def markdown_table(payload: dict) -> str:
                 cells += [f"{vs['mean_difference']:+.1%} ({vs['standard_error']:.1%})",
                           f"{lc['chosen_longer']:.1%} / {lc['chosen_not_longer']:.1%}"]
         rows.append(cells)
-    return harness.markdown(head, rows)
+    table = harness.markdown(head, rows)
+    arms = {label: row["vs_rmkit"] for label, row in payload["summary"].items() if "vs_rmkit" in row}
+    if arms:  # the arms of overrides against rmkit's default, pair by pair (what the defaults' rule reads)
+        table += "\n\n" + harness.markdown(
+            ["variant", "seeds"] + [f"{_short(f)}: vs rmkit (SE)" for f in files],
+            [[label, ",".join(map(str, vs["seeds"]))]
+             + [f"{vs[f]['mean_difference']:+.1%} ({vs[f]['standard_error']:.1%})" for f in files]
+             for label, vs in arms.items()])
+    return table
 
 
 def compare(base: dict, other: dict) -> dict:

@@ -252,6 +252,30 @@ def test_two_studies_compare_pair_by_pair_on_their_common_seeds():
         compare(base, {**other, "split": {"seed": 8}})
 
 
+def test_an_arm_of_overrides_is_compared_with_rmkits_default_pair_by_pair():
+    """`summarize`: an override variant gets `vs_rmkit` (the defaults' rule reads it) beside `vs_trl`, over the seeds
+    both hold, clustered by prompt; a study of rmkit's arms alone (no TRL) has no `vs_trl`."""
+    from benchmarks.quality_vs_trl import markdown_table, paired, summarize
+
+    facts = {"dev.jsonl": {"clusters": [0, 0, 1, 1], "chosen_longer": [1, 0, 1, 0]}}
+
+    def run(variant: str, seed: int, correct: list[int]) -> dict:
+        return {"variant": variant, "seed": seed, "pairs_per_s": 2.0 if variant == "lr" else 4.0,
+                "accuracy/dev.jsonl": sum(correct) / 4, "correct/dev.jsonl": correct}
+
+    runs = [run("rmkit", 1, [1, 0, 0, 1]), run("rmkit", 2, [1, 1, 0, 0]),
+            run("lr", 1, [1, 1, 0, 1]), run("lr", 2, [1, 1, 1, 0]), run("lr", 3, [0, 0, 0, 0])]
+    summary = summarize(runs, ["dev.jsonl"], facts)
+    arm = summary["lr"]["vs_rmkit"]
+    assert arm["dev.jsonl"] == paired([[1, 1, 0, 1], [1, 1, 1, 0]], [[1, 0, 0, 1], [1, 1, 0, 0]], [0, 0, 1, 1])
+    # per pair, seeds right: arm [1, 1, .5, .5], default [1, .5, 0, .5]: differences [0, .5, .5, 0]
+    assert arm["dev.jsonl"]["mean_difference"] == pytest.approx(0.25)
+    assert arm["seeds"] == [1, 2] and arm["speed_ratio"] == pytest.approx(0.5)
+    assert "vs_trl" not in summary["lr"] and "vs_rmkit" not in summary["rmkit"]
+    table = markdown_table({"files": ["dev.jsonl"], "summary": summary})
+    assert "| lr | 1,2 | +25.0% (" in table
+
+
 def test_reused_runs_are_matched_by_variant_overrides_seed_and_files(tmp_path):
     from benchmarks.quality_vs_trl import reusable_runs
 
