@@ -33,7 +33,10 @@ deterministic given its seed (the same accuracies came back in studies days apar
 would differ, and the reused runs' pairs/s are those of the earlier machine state. Only a study with the same
 training pairs, length and epochs may be reused: the results file records them.
 
-`--keep-models DIR` keeps every run's trained model as `DIR/<variant>-seed<S>` (for `rmkit merge`).
+`--keep-models DIR` keeps every run's trained model as `DIR/<variant>-seed<S>` (for `rmkit merge`). With
+`--head-seed H` every run starts from the one score head seed H draws, and the seeds vary only the data order (the
+setting of WARM, whose members are fine-tuned from one shared initialization); a study records it, and its runs
+are reused only by a study with the same head seed.
 
 A variant is `trl`, `rmkit`, or `LABEL:KEY=VALUE[+KEY=VALUE...]`: rmkit with those config overrides. An arm of
 overrides is compared pair by pair with TRL and with rmkit's default recipe (`vs_rmkit`: what the rule for the
@@ -75,6 +78,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--split-seed", type=int, default=20261123)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--max-length", type=int, default=256)
+    parser.add_argument("--head-seed", type=int,
+                        help="every run starts from one score head drawn with this seed; the seeds vary the data "
+                             "order only (WARM's setting for `rmkit merge`; default: each seed draws its own head)")
     parser.add_argument("--workload", choices=sorted(train_vs_trl.WORKLOADS), default="minilm")
     parser.add_argument("--final", action="store_true", help="hh: also score hh_harmless_val.jsonl (report it once)")
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR)
@@ -176,6 +182,7 @@ def one_run(args, train_path: Path, eval_dir: Path, files: list[str], seed: int,
             "--eval-pairs", str(10**9),  # every held-out pair, whatever the workload's default
             "--work-dir", str(args.work_dir / f"seed-{seed}"),
             *(["--micro-batch-size", str(args.micro_batch_size)] if args.micro_batch_size else []),
+            *(["--head-seed", str(args.head_seed)] if args.head_seed is not None else []),
             *(["--backbone", str(args.backbone)] if args.backbone else [])]
     if args.keep_models:
         argv += ["--keep-model", str(args.keep_models / f"{label}-seed{seed}")]
@@ -370,7 +377,8 @@ def main(argv: list[str] | None = None) -> int:
         facts = {}
     setting = {"study": args.study, "workload": str(args.backbone or args.workload), "max_length": args.max_length,
                "epochs": args.epochs, "batch_size": args.batch_size, "split_seed": args.split_seed,
-               "train_pairs": sum(1 for _ in train_path.open(encoding="utf-8"))}
+               "train_pairs": sum(1 for _ in train_path.open(encoding="utf-8")),
+               **({"head_seed": args.head_seed} if args.head_seed is not None else {})}
     runs = []
     earlier = reusable_runs(args.reuse, files, setting)  # read first: --reuse may name this study's own partial file
     partial = args.output.with_suffix(".partial.jsonl")  # one line per finished run: a long study survives a kill

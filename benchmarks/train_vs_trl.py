@@ -87,6 +87,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both trainers run")
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--head-seed", type=int,
+                        help="draw the fresh score head with this seed, not --seed (runs of several seeds then share "
+                             "one starting model and differ in data order only)")
     parser.add_argument("--epochs", type=int, default=1, help="passes over the training pairs, both sides")
     parser.add_argument(
         "--warmup-epochs", type=int, default=0, help="untimed passes before the timed --epochs, both sides"
@@ -265,7 +268,8 @@ def prepare(args: argparse.Namespace) -> dict:
 
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
-    model_dir = common.export_reward_model(args.backbone, work / "model", args.seed)
+    model_dir = common.export_reward_model(args.backbone, work / "model",
+                                           args.seed if args.head_seed is None else args.head_seed)
     tokenizer = load_tokenizer(model_dir)
     lines = args.train_file.read_text().splitlines(keepends=True)
     train_jsonl = work / "train.jsonl"

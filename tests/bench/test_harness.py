@@ -189,6 +189,31 @@ def test_train_vs_trl_smoke_both_sides(tmp_path):
     assert row["ratio_rmkit_over_trl"]["pairs_per_s"] > 0
 
 
+def test_a_head_seed_gives_every_seed_one_starting_model(tmp_path):
+    """`--head-seed`: the runs of seeds 1 and 2 start from the same score head (WARM's shared initialization);
+    without it each seed draws its own."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoTokenizer, BertModel
+
+    from benchmarks import train_vs_trl
+
+    backbone = tiny_bert_reward_model(tmp_path / "classifier")  # a backbone without a score head, as MiniLM is:
+    BertModel(AutoConfig.from_pretrained(backbone)).save_pretrained(tmp_path / "backbone")  # its head is drawn fresh
+    AutoTokenizer.from_pretrained(backbone).save_pretrained(tmp_path / "backbone")
+    backbone = tmp_path / "backbone"
+    write_pairs(tmp_path / "train.jsonl", 4)
+
+    def head(seed: int, *extra: str) -> torch.Tensor:
+        args = train_vs_trl.parse_args(["--backbone", str(backbone), "--train-file", str(tmp_path / "train.jsonl"),
+                                        "--eval-pairs", "0", "--seed", str(seed), *extra,
+                                        "--work-dir", str(tmp_path / f"seed-{seed}{''.join(extra)}")])
+        model_dir = train_vs_trl.prepare(args)["model_dir"]
+        return load_file(Path(model_dir) / "model.safetensors")["classifier.weight"]
+
+    assert torch.equal(head(1, "--head-seed", "7"), head(2, "--head-seed", "7"))
+    assert not torch.equal(head(1), head(2))
+
+
 def test_recipe_sweep_trains_each_setting_and_scores_it_on_both_held_out_files(tmp_path):
     from benchmarks import recipe_sweep
 
