@@ -1,6 +1,6 @@
 """Batch samplers that keep padding small, deterministic from a seed and resumable mid-epoch.
 
-Both samplers yield lists of record indices (use them as a `DataLoader` `batch_sampler`). An epoch's
+The samplers yield lists of record indices (use them as a `DataLoader` `batch_sampler`). An epoch's
 batches depend only on `(seed, epoch)`. `state_dict()` records the epoch and how many batches were
 consumed; `load_state_dict()` followed by iteration yields exactly the remaining batches.
 
@@ -149,6 +149,37 @@ class LengthGroupedBatchSampler(_ResumableSampler):
             rng.shuffle(full)
         if not self.drop_last:
             full += short  # only the very last chunk can be short; it runs last
+        return [_split_evenly(b, self.num_replicas)[self.rank] for b in full]
+
+
+class PrefixGroupedBatchSampler(_ResumableSampler):
+    """Batches of `batch_size` records that share beginnings: a process reward model's solutions of one problem
+    together (`rmkit.models.prefix_tree` then computes what they share once).
+
+    The records are sorted by their token ids once (so records with a common beginning are neighbours). Each
+    epoch: rotate that order by a random offset below the global batch size (the batch boundaries move from epoch
+    to epoch), cut it into global batches of `batch_size * num_replicas`, shuffle the order of the full batches
+    (the short one, if any, runs last). Each rank takes its contiguous slice of every global batch.
+    """
+
+    def __init__(self, sequences: Sequence[Sequence[int]], batch_size: int, seed: int = 0, shuffle: bool = True,
+                 num_replicas: int = 1, rank: int = 0):
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        super().__init__([len(s) for s in sequences], seed, shuffle, num_replicas, rank)
+        self.batch_size = batch_size
+        self.sorted = sorted(range(len(sequences)), key=lambda i: (list(sequences[i]), i))
+
+    def _epoch_batches(self) -> list[list[int]]:
+        rng = self._rng()
+        global_size = self.batch_size * self.num_replicas
+        shift = rng.randrange(min(global_size, len(self.sorted))) if self.shuffle else 0
+        order = self.sorted[shift:] + self.sorted[:shift]
+        global_batches = [order[i:i + global_size] for i in range(0, len(order), global_size)]
+        full = [b for b in global_batches if len(b) == global_size]
+        if self.shuffle:
+            rng.shuffle(full)
+        full += [b for b in global_batches if len(b) < global_size]
         return [_split_evenly(b, self.num_replicas)[self.rank] for b in full]
 
 

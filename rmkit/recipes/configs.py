@@ -568,6 +568,11 @@ class PRMLoopConfig(LoopConfig):
     aggregation: Literal["min", "prod", "last"] = "min"
     """How the exported model's step probabilities make one reward for a solution (written to the scoring
     contract): the lowest, their product, or the last step's."""
+    share_prefixes: bool = False
+    """A decoder computes the beginning that solutions of a micro-batch share once (`rmkit.models.prefix_tree`):
+    the same values and gradients within float rounding, fewer tokens through the model. It pays when batches hold
+    solutions of one problem, as `data.batching: prefix_grouped` makes them (PRM800K's branch after every step).
+    Encoders (a row per step) share nothing this way and are refused."""
     val_batches: int | None = None
     """Validate on at most this many batches of `val_global_batch_size` solutions per set; None: all."""
     val_global_batch_size: int = 32
@@ -595,6 +600,12 @@ class PRMDataConfig(DataConfig):
     val_data_paths: dict[str, str] = field(
         default_factory=lambda: {"prm800k": "../shared/data/prm/prm800k/phase1_test.parquet"})
     """Validation sets by name (metrics `validation-<name>/...`)."""
+
+    batching: Literal["length_grouped", "random", "prefix_grouped"] = "length_grouped"
+    """`length_grouped`: solutions of similar length share a batch (little padding); `random`: plain shuffle;
+    `prefix_grouped`: solutions that begin alike (one problem, its shared steps) share a batch, for
+    `prm.share_prefixes` (`rmkit.data.sampler.PrefixGroupedBatchSampler`; the batches are less mixed than random
+    ones)."""
 
     def __post_init__(self):
         super().__post_init__()

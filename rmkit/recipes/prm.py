@@ -22,7 +22,9 @@ import torch.nn.functional as F
 
 from rmkit import distributed as dist
 from rmkit.data.step_tokenize import StepIds, prefix_rows
+from rmkit.errors import ConfigError
 from rmkit.inference import contract_for
+from rmkit.models.prefix_tree import tree_values
 from rmkit.models.setup import (
     autocast,
     load_training_classifier,
@@ -81,20 +83,29 @@ def _device_batch(micro, pad_token_id: int, device: torch.device) -> dict[str, t
 
 
 def prm_step(forward: torch.nn.Module, items: Sequence[StepIds], micro_size: int, pad_token_id: int,
-             precision: str, device: torch.device) -> dict[str, torch.Tensor]:
+             precision: str, device: torch.device, shared_in: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
     """Forward/backward of this rank's share `items` of a global batch (solutions, or an encoder's prefix rows)
-    through `forward` (`rmkit.models.step_values`'s module, or DDP around it); returns the global batch's `loss` (mean BCE per labelled step) and `step_acc` as 0-dim device
-    tensors; gradients are left in `.grad`."""
+    through `forward` (`rmkit.models.step_values`'s module, or DDP around it); returns the global batch's `loss`
+    (mean BCE per labelled step) and `step_acc` as 0-dim device tensors; gradients are left in `.grad`. With
+    `shared_in` (the decoder inside `forward`: `prm.share_prefixes`), the micro-batches take neighbours in token
+    order and each computes what its solutions share once (`rmkit.models.prefix_tree`)."""
     global_steps = dist.all_reduce_sum(torch.tensor(float(sum(len(i.positions) for i in items)), device=device))
 
     def run_micro(micro):
         batch = _device_batch(micro, pad_token_id, device)
         with autocast(precision, device):
-            logits = forward(batch["input_ids"], batch["attention_mask"]).float()
+            if shared_in is not None:
+                logits = tree_values(forward, shared_in, [i.input_ids for i in micro or _placeholder(pad_token_id)],
+                                     pad_token_id).float()
+            else:
+                logits = forward(batch["input_ids"], batch["attention_mask"]).float()
         bce, correct = step_losses(logits, batch)
         return bce / global_steps, {"loss": (bce / global_steps).detach(), "correct": correct.detach()}
 
-    totals = accumulate_batch(forward, items, micro_size, lambda i: i.length, run_micro, ["loss", "correct"])
+    # Shared prefixes: order by the ids themselves (solutions that begin alike fall in one micro-batch); else the
+    # longest first (each micro-batch pads to its own longest).
+    order = (lambda i: i.input_ids) if shared_in is not None else (lambda i: i.length)
+    totals = accumulate_batch(forward, items, micro_size, order, run_micro, ["loss", "correct"])
     return {"loss": totals["loss"], "step_acc": totals["correct"] / global_steps}
 
 
@@ -147,6 +158,9 @@ def train(cfg: PRMTree) -> RunResult:
     # --- model and data (tokenized once)
     model, tokenizer = load_model(cfg, device)
     rows = prefix_rows if scores_each_prefix(model) else list  # an encoder: a row per step (rmkit.models.step_values)
+    if cfg.prm.share_prefixes and scores_each_prefix(model):
+        raise ConfigError("prm.share_prefixes", f"{cfg.policy.model_name} is an encoder: it reads each step as a row "
+                          "of its own, with nothing computed once; set prm.share_prefixes=false (or train a decoder)")
     if cfg.policy.dtensor_cfg.enabled:  # FSDP2 under torchrun: shard the model in place (gradients summed)
         shard_reward_model(model, cfg.policy, run.info)
         forward = step_values(model)
@@ -155,10 +169,13 @@ def train(cfg: PRMTree) -> RunResult:
     train_items, val = load_sets(cfg.data, run.out_dir, lambda ds: load_step_set(cfg, ds, tokenizer), "solutions")
 
     # --- sampler, optimizer, schedule, state
-    state, steps = sampled_state(cfg, cfg.prm, model, [item.length for item in train_items])
+    state, steps = sampled_state(cfg, cfg.prm, model, [item.length for item in train_items],
+                                 [item.input_ids for item in train_items])
+    shared_in = model if cfg.prm.share_prefixes else None
 
     step = supervised_step(state, cfg.policy, train_items, lambda batch: prm_step(
-        forward, rows(batch), cfg.policy.train_micro_batch_size, tokenizer.pad_token_id, cfg.policy.precision, device),
+        forward, rows(batch), cfg.policy.train_micro_batch_size, tokenizer.pad_token_id, cfg.policy.precision, device,
+        shared_in),
         tokens=lambda item: item.length, shown={"loss": "loss", "acc": "step_acc"})
 
     # --- the loop, the last checkpoint, the export (rank 0) and plots

@@ -17,7 +17,7 @@ from rmkit.data.demonstrations import load_demonstrations, tokenize_demonstratio
 from rmkit.data.policy_tokenize import PolicyPair, tokenize_policy_pairs
 from rmkit.data.prompts import load_prompts
 from rmkit.data.readers import check_data_path, first_record
-from rmkit.data.sampler import LengthGroupedBatchSampler
+from rmkit.data.sampler import LengthGroupedBatchSampler, PrefixGroupedBatchSampler
 from rmkit.data.tokenize import render_prompt, tokenize_pairs, tokenize_regression
 from rmkit.errors import ConfigError, DataError
 
@@ -168,9 +168,10 @@ def load_run_data(cfg: Config, tokenizer, out_dir: Path) -> RunData:
     return RunData(train=train, val=val, lengths=[item_length(i) for i in train])
 
 
-def make_sampler(cfg, lengths: list[int], seed: int):
+def make_sampler(cfg, lengths: list[int], seed: int, sequences: list[list[int]] | None = None):
     """Global batches of indices (of `policy.train_global_batch_size`, shuffled from `seed`). `length_grouped` puts similar lengths together (little padding);
-    `random` is a plain shuffle (each length its own bucket is not needed: all lengths equal)."""
+    `random` is a plain shuffle (each length its own bucket is not needed: all lengths equal); `prefix_grouped` (a
+    process reward model's: `sequences` are its items' token ids) puts items that begin alike together."""
     if cfg.data.batching == "random":
         lengths = [0] * len(lengths)  # one length: grouping degenerates into a plain shuffle
     # Every data-parallel rank builds the same global batches and takes its own slice of each.
@@ -178,6 +179,9 @@ def make_sampler(cfg, lengths: list[int], seed: int):
     if cfg.policy.train_global_batch_size % world:
         raise ConfigError("policy.train_global_batch_size",
                           f"{cfg.policy.train_global_batch_size} does not divide among {world} processes")
+    if cfg.data.batching == "prefix_grouped":
+        return PrefixGroupedBatchSampler(sequences, batch_size=cfg.policy.train_global_batch_size // world,
+                                         seed=seed, num_replicas=world, rank=dist.rank())
     return LengthGroupedBatchSampler(lengths, batch_size=cfg.policy.train_global_batch_size // world,
                                      seed=seed, mega_batch_mult=cfg.data.length_group_window,
                                      num_replicas=world, rank=dist.rank())

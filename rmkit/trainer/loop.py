@@ -90,11 +90,13 @@ def start_state(model: torch.nn.Module, policy, sampler, steps: int) -> TrainSta
     return TrainState(model, optimizer, build_scheduler(optimizer, policy.scheduler, steps), sampler)
 
 
-def sampled_state(cfg, loop, model: torch.nn.Module, lengths: list[int]) -> tuple[TrainState, int]:
+def sampled_state(cfg, loop, model: torch.nn.Module, lengths: list[int],
+                  sequences: list[list[int]] | None = None) -> tuple[TrainState, int]:
     """`(state, steps)` of a recipe that samples global batches of its items (`lengths`: each item's, for
-    `data.batching: length_grouped`): the sampler (`make_sampler`, seeded from `loop.seed`), the run's optimizer
-    steps (`total_steps`) and `start_state`'s optimizer and schedule over them."""
-    sampler = make_sampler(cfg, lengths, loop.seed)
+    `data.batching: length_grouped`; `sequences`: their token ids, for `prefix_grouped`): the sampler
+    (`make_sampler`, seeded from `loop.seed`), the run's optimizer steps (`total_steps`) and `start_state`'s
+    optimizer and schedule over them."""
+    sampler = make_sampler(cfg, lengths, loop.seed, sequences)
     steps = total_steps(loop, len(sampler))
     return start_state(model, cfg.policy, sampler, steps), steps
 

@@ -5,7 +5,12 @@ import random
 import pytest
 
 from rmkit.data import load_preference_data
-from rmkit.data.sampler import LengthGroupedBatchSampler, TokenBudgetBatchSampler, padding_fraction
+from rmkit.data.sampler import (
+    LengthGroupedBatchSampler,
+    PrefixGroupedBatchSampler,
+    TokenBudgetBatchSampler,
+    padding_fraction,
+)
 from rmkit.data.tokenize import tokenize_pairs
 
 _RNG = random.Random(1)
@@ -40,6 +45,7 @@ def test_drop_last():
 @pytest.mark.parametrize("make", [
     lambda: LengthGroupedBatchSampler(LENGTHS, batch_size=8, seed=7),
     lambda: TokenBudgetBatchSampler(LENGTHS, max_tokens=2048, seed=7),
+    lambda: PrefixGroupedBatchSampler([[n % 7, n] for n in LENGTHS], batch_size=8, seed=7),
 ])
 def test_resume_mid_epoch_gives_the_same_remaining_batches(make):
     reference = make()
@@ -119,3 +125,25 @@ def test_hh_length_grouped_padding_below_ten_percent(shared_data, minilm_tok):
     rows = [(len(p.chosen_ids), len(p.rejected_ids)) for p in pairs.pairs]
     floor = padding_fraction([[i] for i in range(len(rows))], rows)
     assert padding_fraction(batches, rows) < floor + 0.02
+
+
+def test_prefix_grouped_keeps_records_that_begin_alike_together():
+    """Three problems of 4 solutions each, shuffled in the file: every global batch of 4 is one problem's (in token
+    order), every record once, the batch order and boundaries from the seed; two ranks slice each global batch."""
+    problems = {p: [[p, p, step] for step in range(4)] for p in (10, 20, 30)}
+    records = [s for group in problems.values() for s in group]
+    random.Random(0).shuffle(records)
+    sampler = PrefixGroupedBatchSampler(records, batch_size=4, seed=3, shuffle=False)
+    batches = list(sampler)
+    assert sorted(i for b in batches for i in b) == list(range(12))
+    assert [[records[i] for i in b] for b in batches] == list(problems.values())
+    moved = PrefixGroupedBatchSampler(records, batch_size=4, seed=3)
+    epochs = []
+    for epoch in range(4):
+        moved.set_epoch(epoch)
+        epochs.append(moved.batches())
+        assert sorted(i for b in epochs[-1] for i in b) == list(range(12))
+    assert len({str(e) for e in epochs}) > 1  # boundaries and order move with the epoch
+    ranks = [PrefixGroupedBatchSampler(records, batch_size=2, seed=3, shuffle=False, num_replicas=2, rank=r).batches()
+             for r in (0, 1)]
+    assert [a + b for a, b in zip(*ranks)] == batches

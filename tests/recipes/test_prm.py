@@ -109,6 +109,27 @@ def test_micro_batches_accumulate_exactly(tiny_reward_model):
     assert grads[0][1] == pytest.approx(grads[1][1], rel=1e-6)
 
 
+def test_shared_prefixes_give_the_same_loss_and_gradients(tiny_reward_model):
+    """`prm.share_prefixes`: solutions that branch after a common beginning (PRM800K's layout), each beginning computed
+    once, give the unshared step's loss, accuracy and gradients (float32 rounding), micro-batch 2 and 4 alike."""
+    base = SOLUTIONS[0]
+    branching = [base, replace(base, source="b:1", steps=base.steps[:1] + ("2 + 12 = 15.",), labels=(True, False)),
+                 replace(base, source="b:2", steps=base.steps[:2], labels=(True, True)), *SOLUTIONS[1:]]
+    for micro in (2, 4):
+        results = []
+        for shared in (False, True):
+            torch.manual_seed(0)
+            model, tokenizer = load_reward_model(tiny_reward_model, num_labels=1)
+            items = tokenize_steps(branching, tokenizer, 512, "\n").items
+            metrics = prm_step(TokenValues(model), items, micro, tokenizer.pad_token_id, "float32",
+                               torch.device("cpu"), shared_in=model if shared else None)
+            results.append(([p.grad.clone() for p in model.parameters() if p.grad is not None],
+                            metrics["loss"].item(), metrics["step_acc"].item()))
+        torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-4, atol=1e-6)
+        assert results[1][1] == pytest.approx(results[0][1], rel=1e-5)
+        assert results[1][2] == results[0][2]
+
+
 def test_last_step_only_trains_one_step_per_solution(tiny):
     _, tokenizer = tiny
     items = tokenize_steps(SOLUTIONS, tokenizer, 512, "\n", train_on_last_step_only=True).items
@@ -154,6 +175,32 @@ def test_cli_end_to_end(tiny_reward_model, tmp_path, capsys):
     write_contract(replace(read_contract(final, model, tokenizer), step_separator=None, step_label=None,
                            step_aggregation=None), tmp_path)
     assert not set(STEP_FIELDS) & set(json.loads((tmp_path / CONTRACT_FILE).read_text()))  # others' files unchanged
+
+
+def test_prefix_grouped_batches_with_shared_prefixes_train_as_the_plain_forward(tiny_reward_model, tmp_path, capsys):
+    """`data.batching: prefix_grouped` + `prm.share_prefixes`: the run's metrics equal those of the same batches
+    through the plain forward (the sharing changes no value beyond rounding); an encoder is refused in one line."""
+    # Each problem with three solutions that part after their first step, as PRM800K's do.
+    records = [{"prompt": f"What is {i} + {i}?", "completions": [f"Add {i} and {i}.", f"{i} + {i} = {2 * i + k}."],
+                "labels": [True, k == 0]} for i in range(4) for k in range(3)]
+    train = write_jsonl(tmp_path / "train.jsonl", records)
+    losses = []
+    for shared in ("false", "true"):
+        out = tmp_path / f"shared-{shared}"
+        out.mkdir()
+        code, err = run_train(capsys, "prm.max_num_steps=3", "data.batching=prefix_grouped",
+                              f"prm.share_prefixes={shared}",
+                              *base_args(tiny_reward_model, out, train, **{"checkpointing.checkpoint_dir": out / "run"}))
+        assert code == 0, err[-3000:]
+        lines = [json.loads(line) for line in (out / "run" / "logs" / "metrics.jsonl").read_text().splitlines()]
+        losses.append([line["train/loss"] for line in lines if "train/loss" in line])
+    assert len(losses[0]) == 3 and losses[1] == pytest.approx(losses[0], rel=1e-5)
+
+
+def test_an_encoder_cannot_share_prefixes(tiny_encoder, tmp_path, capsys):
+    train = write_jsonl(tmp_path / "train.jsonl", [stepwise(i) for i in range(4)])
+    code, err = run_train(capsys, "prm.share_prefixes=true", *base_args(tiny_encoder, tmp_path, train))
+    assert code == 2 and "prm.share_prefixes" in err and "encoder" in err and "Traceback" not in err
 
 
 def test_an_encoder_trains_on_one_row_per_step(tiny_encoder):
