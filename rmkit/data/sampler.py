@@ -168,7 +168,7 @@ class PrefixGroupedBatchSampler(_ResumableSampler):
             raise ValueError("batch_size must be at least 1")
         super().__init__([len(s) for s in sequences], seed, shuffle, num_replicas, rank)
         self.batch_size = batch_size
-        self.sorted = sorted(range(len(sequences)), key=lambda i: (list(sequences[i]), i))
+        self.sorted = sorted(range(len(sequences)), key=sequences.__getitem__)  # stable: ties in index order
 
     def _epoch_batches(self) -> list[list[int]]:
         rng = self._rng()

@@ -25,8 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from rmkit.models.shared_prefix import ONE_ROW, grouped_attention, layout_for
-from rmkit.wrappers import transformers_model
+from rmkit.models.shared_prefix import ONE_ROW, attention_mask_for, grouped_attention, layout_for
 
 
 @dataclass
@@ -109,22 +108,19 @@ def tree_inputs(model: torch.nn.Module, layout: TreeLayout, pad_token_id: int) -
     rows = 1 if one_row else len(layout.trees)
     input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
     position_ids = torch.zeros((rows, width), dtype=torch.long)
-    tree_row, tree_offset = [], []
+    token_row, token_column = [0] * len(layout.token_ids), list(range(len(layout.token_ids)))  # one row: as laid out
     for t, (start, end) in enumerate(layout.trees):
         row, offset = (0, start) if one_row else (t, 0)
         input_ids[row, offset:offset + end - start] = torch.tensor(layout.token_ids[start:end])
         position_ids[row, offset:offset + end - start] = torch.tensor(layout.depth[start:end])
-        tree_row.append(row)
-        tree_offset.append(offset - start)
-    tree_of = [0] * len(layout.token_ids)
-    for t, (start, end) in enumerate(layout.trees):
-        tree_of[start:end] = [t] * (end - start)
+        if not one_row:
+            token_row[start:end], token_column[start:end] = [t] * (end - start), range(end - start)
     longest = max(map(len, layout.index))
     where = torch.zeros((2, len(layout.index), longest), dtype=torch.long)
     for s, positions in enumerate(layout.index):
         padded = positions + [positions[0]] * (longest - len(positions))
-        where[0, s] = torch.tensor([tree_row[tree_of[i]] for i in padded])
-        where[1, s] = torch.tensor([i + tree_offset[tree_of[i]] for i in padded])
+        where[0, s] = torch.tensor([token_row[i] for i in padded])
+        where[1, s] = torch.tensor([token_column[i] for i in padded])
     inputs = {"input_ids": input_ids.to(device), "position_ids": position_ids.to(device)}
     if one_row:
         masks = [layout.tree_mask(start, end) for start, end in layout.trees]
@@ -137,11 +133,7 @@ def tree_inputs(model: torch.nn.Module, layout: TreeLayout, pad_token_id: int) -
         n = end - start
         mask[t, 0, :n, :n] = torch.ones(n, n, dtype=torch.bool).tril() if tree is None else tree[0, 0]
         mask[t, 0, n:, n:] = torch.eye(width - n, dtype=torch.bool)  # padding attends to itself (no NaN rows)
-    mask = mask.to(device)
-    config = getattr(transformers_model(model), "config", None)
-    if getattr(config, "_attn_implementation", "sdpa") != "sdpa":  # eager attention adds a float mask
-        mask = torch.zeros(mask.shape, dtype=torch.float32, device=device).masked_fill(~mask, torch.finfo(torch.float32).min)
-    inputs["attention_mask"] = mask
+    inputs["attention_mask"] = attention_mask_for(model, mask.to(device))
     return inputs, where.to(device)
 
 

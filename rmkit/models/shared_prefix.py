@@ -208,11 +208,18 @@ def packed_inputs(model: torch.nn.Module, groups: Sequence[Group], pad_token_id:
                  for a, b, shared in spans]
         return {"input_ids": input_ids.to(device), "position_ids": position_ids.to(device),
                 "rmkit_groups": [(a, b, m) for (a, b, _), m in zip(spans, masks)]}
-    mask = shared_prefix_mask(segment.to(device), owner.to(device))
-    config = getattr(transformers_model(model), "config", None)  # under DDP the config is the inner model's
-    if getattr(config, "_attn_implementation", "sdpa") != "sdpa":  # eager attention adds a float mask
-        mask = torch.zeros(mask.shape, dtype=torch.float32, device=device).masked_fill(~mask, torch.finfo(torch.float32).min)
+    mask = attention_mask_for(model, shared_prefix_mask(segment.to(device), owner.to(device)))
     return {"input_ids": input_ids.to(device), "attention_mask": mask, "position_ids": position_ids.to(device)}
+
+
+def attention_mask_for(model: torch.nn.Module, allowed: torch.Tensor) -> torch.Tensor:
+    """A boolean `[B, 1, L, L]` mask (True: may attend) in the form `model`'s attention takes: as it is for SDPA,
+    as an additive float mask (0 or the float32 minimum) for eager attention."""
+    config = getattr(transformers_model(model), "config", None)  # under DDP the config is the inner model's
+    if getattr(config, "_attn_implementation", "sdpa") == "sdpa":
+        return allowed
+    return torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill(
+        ~allowed, torch.finfo(torch.float32).min)
 
 
 def continuation_ends(groups: Sequence[Group], layout: str = PACKED) -> tuple[torch.Tensor, torch.Tensor]:
