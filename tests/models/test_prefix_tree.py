@@ -4,28 +4,14 @@ and Qwen2 classifiers, on the one-row CPU layout and with a row per tree; and th
 
 import pytest
 import torch
-from transformers import (
-    LlamaConfig,
-    LlamaForSequenceClassification,
-    Qwen2Config,
-    Qwen2ForSequenceClassification,
-)
 
 from rmkit.models import prefix_tree
 from rmkit.models.critic import TokenValues
 from rmkit.models.prefix_tree import tree_layout, tree_values
 from rmkit.models.shared_prefix import ONE_ROW, PACKED
+from tests.support.tiny import random_decoder
 
 PAD = 0
-
-
-def _model(kind: str):
-    torch.manual_seed(0)
-    common = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=128, pad_token_id=PAD, num_labels=1)
-    if kind == "llama":
-        return LlamaForSequenceClassification(LlamaConfig(**common)).float()
-    return Qwen2ForSequenceClassification(Qwen2Config(**common)).float()
 
 
 def _solutions(seed: int = 1) -> list[list[int]]:
@@ -70,7 +56,7 @@ def test_the_trie_against_a_hand_built_one():
 @pytest.mark.parametrize("layout", [ONE_ROW, PACKED])
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_tree_values_equal_the_plain_forward_and_its_gradients(kind, layout, monkeypatch):
-    model = _model(kind)
+    model = random_decoder(kind, classifier=True, pad_token_id=PAD)
     forward, sequences = TokenValues(model), _solutions()
     monkeypatch.setattr(prefix_tree, "layout_for", lambda *_: layout)
     expected, mask = _plain(forward, sequences)
@@ -86,7 +72,7 @@ def test_tree_values_equal_the_plain_forward_and_its_gradients(kind, layout, mon
 
 
 def test_the_cpu_runs_the_shared_tokens_once_in_one_row():
-    model = _model("llama")
+    model = random_decoder("llama", classifier=True, pad_token_id=PAD)
     sequences = _solutions()
     layout = tree_layout(sequences)
     inputs, where = prefix_tree.tree_inputs(model, layout, PAD)

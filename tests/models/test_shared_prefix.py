@@ -5,7 +5,6 @@ continuation rows alone (`continuations_only`) equal those positions of it."""
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
 from rmkit.losses.logprobs import aligned_logprobs
 from rmkit.models import shared_prefix
@@ -21,16 +20,9 @@ from rmkit.models.shared_prefix import (
     shared_prefix_logits,
     shared_prefix_mask,
 )
+from tests.support.tiny import random_decoder
 
 PAD = 0
-
-
-def _model(kind: str):
-    torch.manual_seed(0)
-    common = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=128, pad_token_id=PAD)
-    config = LlamaConfig(**common) if kind == "llama" else Qwen2Config(**common)
-    return (LlamaForCausalLM if kind == "llama" else Qwen2ForCausalLM)(config).float()
 
 
 def _groups(k: int, seed: int = 1):
@@ -58,7 +50,7 @@ def _loss(logits, ids, mask):
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 @pytest.mark.parametrize("k", [1, 2, 4])
 def test_shared_prefix_equals_unshared_forward_and_gradients(kind, k, layout, monkeypatch):
-    model, groups = _model(kind), _groups(k)
+    model, groups = random_decoder(kind, pad_token_id=PAD), _groups(k)
     monkeypatch.setattr(shared_prefix, "layout_for", lambda *_: layout)
     expected, ids, mask = _unshared(model, groups)
     expected_loss = _loss(expected, ids, mask)
@@ -74,7 +66,7 @@ def test_shared_prefix_equals_unshared_forward_and_gradients(kind, k, layout, mo
 
 
 def test_the_cpu_takes_one_row_attended_group_by_group_and_restores_the_attention():
-    model, groups = _model("llama"), _groups(2)
+    model, groups = random_decoder("llama", pad_token_id=PAD), _groups(2)
     lengths = [len(p) + sum(map(len, conts)) for p, conts in groups]  # 21, 11, 15
     inputs = packed_inputs(model, groups, PAD)
     assert inputs["input_ids"].shape == (1, sum(lengths)) and "attention_mask" not in inputs  # no padding, no mask
@@ -119,7 +111,7 @@ def test_groups_pack_into_rows_no_longer_than_the_longest_group():
 def test_a_forward_without_grouped_attention_never_gets_one_row():
     """A CPU decoder takes its groups in one row, unless the caller's forward takes only a mask (a reward
     model's): then packed rows, or a row per group under CUDA graphs."""
-    model = _model("llama")
+    model = random_decoder("llama", pad_token_id=PAD)
     assert layout_for(model) == ONE_ROW
     assert layout_for(model, grouped=False) == PACKED
     assert layout_for(model, width_multiple=32, grouped=False) == ROW_PER_GROUP
@@ -128,7 +120,7 @@ def test_a_forward_without_grouped_attention_never_gets_one_row():
 def test_rows_in_few_shapes_take_a_group_each():
     """Under CUDA graphs (`width_multiple`) a batch of n groups is n rows, whatever their lengths."""
     groups = [([1] * 10, [[2] * 5]), ([3] * 2, [[4] * 2, [5]]), ([6] * 4, [[7] * 3]), ([8] * 3, [[9] * 4])]
-    assert layout_for(_model("llama"), width_multiple=32) == ROW_PER_GROUP
+    assert layout_for(random_decoder("llama", pad_token_id=PAD), width_multiple=32) == ROW_PER_GROUP
     assert pack_groups(groups, ROW_PER_GROUP) == [(0, 0), (1, 0), (2, 0), (3, 0)]
     input_ids, _, segment, _, _ = _packed(groups, pad_token_id=0, width_multiple=32, layout=ROW_PER_GROUP)
     assert input_ids.shape == (4, 32) and input_ids[1].tolist()[:6] == [3, 3, 4, 4, 5, 0]
@@ -141,7 +133,7 @@ def test_rows_in_few_shapes_take_a_group_each():
 def test_continuations_only_equals_those_positions_and_runs_the_output_layer_there(k):
     """The rows `[last prompt token, cont_k]`: equal to the full layout's positions, gradients included, and the
     output layer sees only those positions."""
-    model, groups = _model("llama"), _groups(k)
+    model, groups = random_decoder("llama", pad_token_id=PAD), _groups(k)
     full = shared_prefix_logits(model, groups, PAD)
     seen = []
     handle = model.get_output_embeddings().register_forward_hook(lambda _, args, out: seen.append(args[0].shape))

@@ -9,12 +9,6 @@ import random
 
 import pytest
 import torch
-from transformers import (
-    LlamaConfig,
-    LlamaForSequenceClassification,
-    Qwen2Config,
-    Qwen2ForSequenceClassification,
-)
 
 from rmkit.data.tokenize import TokenizedPair
 from rmkit.models import load_reward_model
@@ -22,19 +16,14 @@ from rmkit.models.reward import compute_rewards
 from rmkit.models.reward_forward import ChunkedRewards, SharedPromptRewards, pair_groups
 from rmkit.models.setup import RewardForward
 from rmkit.recipes.rm import bradley_terry_step
+from tests.support.tiny import random_decoder
 
 PAD = 0
 CPU = torch.device("cpu")
 
 
 def _classifier(kind: str, attention: str):
-    torch.manual_seed(0)
-    common = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=128, pad_token_id=PAD, num_labels=1,
-                  attn_implementation=attention)
-    model_type = LlamaForSequenceClassification if kind == "llama" else Qwen2ForSequenceClassification
-    config = LlamaConfig(**common) if kind == "llama" else Qwen2Config(**common)
-    return model_type(config).float().train()
+    return random_decoder(kind, classifier=True, pad_token_id=PAD, attn_implementation=attention).train()
 
 
 def _pairs(seed: int = 0) -> list[TokenizedPair]:

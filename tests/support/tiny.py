@@ -11,7 +11,15 @@ import random
 from pathlib import Path
 
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
-from transformers import LlamaConfig, LlamaForSequenceClassification, PreTrainedTokenizerFast
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaForSequenceClassification,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen2ForSequenceClassification,
+)
 
 TOPICS = ["apples", "rivers", "engines", "poems", "clouds", "stones", "trains", "gardens", "lamps", "maps"]
 GOOD = ["helpful", "correct", "clear", "kind", "accurate", "careful"]
@@ -32,6 +40,22 @@ FILLER = [
     ":",
 ]
 SPECIALS = ["<pad>", "<unk>", "<s>", "</s>"]
+
+
+def random_decoder(kind: str, *, classifier: bool = False, pad_token_id: int = 0, **config):
+    """A seeded random 2-layer, hidden-32 Llama or Qwen2 (`kind`) over 64 token ids, in float32: a causal LM, or
+    with `classifier` a one-output sequence classifier (a reward model's or a token-value head's shape)."""
+    import torch
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=128, pad_token_id=pad_token_id, **config)  # fmt: skip
+    if classifier:
+        common["num_labels"] = 1
+    llama = kind == "llama"
+    model_type = {(True, False): LlamaForCausalLM, (True, True): LlamaForSequenceClassification,
+                  (False, False): Qwen2ForCausalLM, (False, True): Qwen2ForSequenceClassification}[llama, classifier]  # fmt: skip
+    return model_type((LlamaConfig if llama else Qwen2Config)(**common)).float()
 
 
 def make_tiny_decoder(directory: Path, seed: int = 0) -> Path:
