@@ -94,33 +94,41 @@ def prm_step(forward: torch.nn.Module, items: Sequence[StepIds], micro_size: int
     def run_micro(micro):
         batch = _device_batch(micro, pad_token_id, device)
         with autocast(precision, device):
-            if shared_in is not None:
-                logits = tree_values(forward, shared_in, [i.input_ids for i in micro or _placeholder(pad_token_id)],
-                                     pad_token_id).float()
-            else:
-                logits = forward(batch["input_ids"], batch["attention_mask"]).float()
+            logits = _step_logits(forward, micro, batch, pad_token_id, shared_in)
         bce, correct = step_losses(logits, batch)
         return bce / global_steps, {"loss": (bce / global_steps).detach(), "correct": correct.detach()}
 
-    # Shared prefixes: order by the ids themselves (solutions that begin alike fall in one micro-batch); else the
-    # longest first (each micro-batch pads to its own longest).
-    order = (lambda i: i.input_ids) if shared_in is not None else (lambda i: i.length)
-    totals = accumulate_batch(forward, items, micro_size, order, run_micro, ["loss", "correct"])
+    totals = accumulate_batch(forward, items, micro_size, _micro_order(shared_in), run_micro, ["loss", "correct"])
     return {"loss": totals["loss"], "step_acc": totals["correct"] / global_steps}
+
+
+def _step_logits(forward, micro, batch, pad_token_id: int, shared_in) -> torch.Tensor:
+    """The head's logit at every position of the micro-batch's rows, `[B, S]` float32: one padded forward, or with
+    `shared_in` (the decoder inside `forward`) the rows' token trie, what they share computed once."""
+    if shared_in is None:
+        return forward(batch["input_ids"], batch["attention_mask"]).float()
+    return tree_values(forward, shared_in, [i.input_ids for i in micro or _placeholder(pad_token_id)],
+                       pad_token_id).float()
+
+
+def _micro_order(shared_in) -> Callable[[StepIds], object]:
+    """How a batch's solutions are sorted into micro-batches: by the ids themselves when sharing prefixes (solutions
+    that begin alike fall in one micro-batch), else the longest first (each pads to its own longest)."""
+    return (lambda i: i.input_ids) if shared_in is not None else (lambda i: i.length)
 
 
 @torch.no_grad()
 def evaluate(forward: torch.nn.Module, items: Sequence[StepIds], micro_size: int, pad_token_id: int,
-             precision: str, device: torch.device) -> dict[str, float]:
+             precision: str, device: torch.device, shared_in: torch.nn.Module | None = None) -> dict[str, float]:
     """`loss` (mean BCE per labelled step), `step_acc` and `num_steps` of a validation set, each rank scoring its
-    shard and the sums all-reduced."""
+    shard and the sums all-reduced; `shared_in` as in `prm_step`."""
     was_training = forward.training
     forward.eval()
     sums = torch.zeros(3, device=device)  # bce, correct, labelled steps
-    for micro in plan_micro_batches(dist.shard(items), micro_size, forward, lambda i: i.length):
+    for micro in plan_micro_batches(dist.shard(items), micro_size, forward, _micro_order(shared_in)):
         batch = _device_batch(micro, pad_token_id, device)
         with autocast(precision, device):
-            logits = forward(batch["input_ids"], batch["attention_mask"]).float()
+            logits = _step_logits(forward, micro, batch, pad_token_id, shared_in)
         sums += torch.stack([*step_losses(logits, batch), batch["step_mask"].sum()])
     forward.train(was_training)
     bce, correct, steps = dist.all_reduce_sum(sums).tolist()
@@ -128,15 +136,15 @@ def evaluate(forward: torch.nn.Module, items: Sequence[StepIds], micro_size: int
 
 
 def run_validation(cfg: PRMTree, forward, pad_token_id: int, val: dict[str, list], logger, step: int,
-                   rows: Callable[[list], list] = list) -> dict:
+                   rows: Callable[[list], list] = list, shared_in: torch.nn.Module | None = None) -> dict:
     """Every set's `validation-<name>/{loss, step_acc, num_steps}`, logged; `rows` makes the solutions the rows the
-    model reads (an encoder's: `prefix_rows`)."""
+    model reads (an encoder's: `prefix_rows`); `shared_in` as in `prm_step`."""
     prm, device = cfg.prm, next(forward.parameters()).device
     limit = prm.val_batches * prm.val_global_batch_size if prm.val_batches else None
     metrics = {}
     for name, items in val.items():
         result = evaluate(forward, rows(items[:limit]), prm.val_micro_batch_size, pad_token_id, cfg.policy.precision,
-                          device)
+                          device, shared_in)
         metrics.update({f"validation-{name}/{k}": v for k, v in result.items()})
     logger.log(metrics, step)
     return metrics
@@ -182,7 +190,8 @@ def train(cfg: PRMTree) -> RunResult:
     return fit(run, state, steps, cfg.prm, RecipeParts(
         action=f"training {cfg.policy.model_name} as a process reward model",
         length=f"{steps} steps of {cfg.policy.train_global_batch_size} solutions", step=step,
-        validate=(lambda at: run_validation(cfg, forward, tokenizer.pad_token_id, val, run.logger, at, rows))
+        validate=(lambda at: run_validation(cfg, forward, tokenizer.pad_token_id, val, run.logger, at, rows,
+                                                   shared_in))
         if val else None,
         shown=SHOWN, tokenizer=tokenizer, items="solutions",
         export=lambda whole, folder: export_prm(whole, tokenizer, folder, cfg),

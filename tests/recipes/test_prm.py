@@ -21,7 +21,7 @@ from rmkit.models import load_reward_model
 from rmkit.models.critic import TokenValues
 from rmkit.models.step_values import step_values
 from rmkit.recipes.configs import PRMTree
-from rmkit.recipes.prm import collate, prm_step, step_losses
+from rmkit.recipes.prm import collate, evaluate, prm_step, step_losses
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -109,12 +109,17 @@ def test_micro_batches_accumulate_exactly(tiny_reward_model):
     assert grads[0][1] == pytest.approx(grads[1][1], rel=1e-6)
 
 
+def _branching():
+    """SOLUTIONS with two more that part from the first after its first and second steps (PRM800K's layout)."""
+    base = SOLUTIONS[0]
+    return [base, replace(base, source="b:1", steps=base.steps[:1] + ("2 + 12 = 15.",), labels=(True, False)),
+            replace(base, source="b:2", steps=base.steps[:2], labels=(True, True)), *SOLUTIONS[1:]]
+
+
 def test_shared_prefixes_give_the_same_loss_and_gradients(tiny_reward_model):
     """`prm.share_prefixes`: solutions that branch after a common beginning (PRM800K's layout), each beginning computed
     once, give the unshared step's loss, accuracy and gradients (float32 rounding), micro-batch 2 and 4 alike."""
-    base = SOLUTIONS[0]
-    branching = [base, replace(base, source="b:1", steps=base.steps[:1] + ("2 + 12 = 15.",), labels=(True, False)),
-                 replace(base, source="b:2", steps=base.steps[:2], labels=(True, True)), *SOLUTIONS[1:]]
+    branching = _branching()
     for micro in (2, 4):
         results = []
         for shared in (False, True):
@@ -128,6 +133,18 @@ def test_shared_prefixes_give_the_same_loss_and_gradients(tiny_reward_model):
         torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-4, atol=1e-6)
         assert results[1][1] == pytest.approx(results[0][1], rel=1e-5)
         assert results[1][2] == results[0][2]
+
+
+def test_shared_prefixes_validate_as_the_plain_forward(tiny_reward_model):
+    """Validation with `prm.share_prefixes` (the trie of each validation micro-batch) gives the plain forward's loss,
+    step accuracy and step count, micro-batch 2 and 8 alike."""
+    model, tokenizer = load_reward_model(tiny_reward_model, num_labels=1)
+    items = tokenize_steps(_branching(), tokenizer, 512, "\n").items
+    for micro in (2, 8):
+        plain, shared = (evaluate(TokenValues(model), items, micro, tokenizer.pad_token_id, "float32",
+                                  torch.device("cpu"), shared_in=shared_in) for shared_in in (None, model))
+        assert shared["num_steps"] == plain["num_steps"] == sum(len(i.labels) for i in items)
+        assert shared["step_acc"] == plain["step_acc"] and shared["loss"] == pytest.approx(plain["loss"], rel=1e-5)
 
 
 def test_last_step_only_trains_one_step_per_solution(tiny):
@@ -178,8 +195,8 @@ def test_cli_end_to_end(tiny_reward_model, tmp_path, capsys):
 
 
 def test_prefix_grouped_batches_with_shared_prefixes_train_as_the_plain_forward(tiny_reward_model, tmp_path, capsys):
-    """`data.batching: prefix_grouped` + `prm.share_prefixes`: the run's metrics equal those of the same batches
-    through the plain forward (the sharing changes no value beyond rounding); an encoder is refused in one line."""
+    """`data.batching: prefix_grouped` + `prm.share_prefixes`: the run's training and validation losses equal those
+    of the same batches through the plain forward (the sharing changes no value beyond rounding)."""
     # Each problem with three solutions that part after their first step, as PRM800K's do.
     records = [{"prompt": f"What is {i} + {i}?", "completions": [f"Add {i} and {i}.", f"{i} + {i} = {2 * i + k}."],
                 "labels": [True, k == 0]} for i in range(4) for k in range(3)]
@@ -193,8 +210,8 @@ def test_prefix_grouped_batches_with_shared_prefixes_train_as_the_plain_forward(
                               *base_args(tiny_reward_model, out, train, **{"checkpointing.checkpoint_dir": out / "run"}))
         assert code == 0, err[-3000:]
         lines = [json.loads(line) for line in (out / "run" / "logs" / "metrics.jsonl").read_text().splitlines()]
-        losses.append([line["train/loss"] for line in lines if "train/loss" in line])
-    assert len(losses[0]) == 3 and losses[1] == pytest.approx(losses[0], rel=1e-5)
+        losses.append([line[key] for line in lines for key in ("train/loss", "validation-held_out/loss") if key in line])
+    assert len(losses[0]) >= 5 and losses[1] == pytest.approx(losses[0], rel=1e-5)  # 3 steps, validation at start and end
 
 
 def test_an_encoder_cannot_share_prefixes(tiny_encoder, tmp_path, capsys):
