@@ -7,12 +7,7 @@ so they agree to float32 rounding, which Adam can amplify on near-zero gradients
 of summing gradients, or local instead of global counts, is off by a factor of 2 at the first step.
 """
 
-import json
 import random
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +18,7 @@ from safetensors.torch import load_file
 from rmkit import cli
 from tests.recipes.dpo_helpers import dpo_values, read_metrics, write_pairs
 from tests.support.launch import CHILD_ENV, torchrun
+from tests.support.runs import kill_at_step, logged_metrics
 
 pytestmark = pytest.mark.slow
 TIMING_KEYS = ("train/pairs_per_s", "train/tokens_per_s")
@@ -45,15 +41,7 @@ def rmkit_dpo(capsys, *args) -> str:
 
 
 def metrics(out: Path) -> list[dict]:
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in read_metrics(out / "logs" / "metrics.jsonl")]
-
-
-def logged_steps(log: Path) -> int:
-    try:
-        lines = log.read_text().splitlines()
-    except FileNotFoundError:
-        return 0
-    return max((json.loads(line)["step"] for line in lines[:-1]), default=0)  # the last line may be half written
+    return logged_metrics(out, TIMING_KEYS)
 
 
 STEPS = 14
@@ -70,16 +58,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_policy, tmp_path, ca
     out = tmp_path / "run"
     config = write_config(tmp_path / "b.yaml", tiny_policy, train, val, out, **RESUME)
     kill_at = random.Random().randint(5, STEPS - 3)  # after the first checkpoint
-    proc = subprocess.Popen([sys.executable, "-m", "rmkit", "dpo", "--config", str(config)], env=CHILD_ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while logged_steps(out / "logs" / "metrics.jsonl") < kill_at:
-        assert proc.poll() is None, f"run ended before step {kill_at}: {proc.stderr.read()[-3000:]}"
-        assert time.monotonic() < deadline
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
-    assert not (out / "final").exists(), "the run finished before it was killed"
+    kill_at_step(["dpo", "--config", config], out, kill_at)
 
     err = rmkit_dpo(capsys, "--config", config, "--resume")
     assert "resuming from" in err and "read from" in err and "computed" not in err  # the cached reference pass

@@ -2,7 +2,6 @@
 `env.reward_model.retry_deadline`, the run waits and ends exactly as a run whose server stayed up; gone past it,
 the run stops (exit 1) naming the URL and the last checkpoint. Both runs are real processes on 127.0.0.1."""
 
-import json
 import subprocess
 import sys
 import time
@@ -16,6 +15,7 @@ from rmkit import cli
 from rmkit.serve.process import ServerProcess, free_port
 from tests.recipes.conftest import grpo_overrides
 from tests.support.launch import CHILD_ENV
+from tests.support.runs import logged_metrics, logged_step, wait_for_step
 
 STEPS = 8
 VARYING = ("timing/", "train/generated_tokens_per_s")  # wall-clock numbers differ between runs
@@ -30,30 +30,9 @@ def _args(policy, prompt_files, out: Path, url: str, *extra: str) -> list[str]:
             "logger.plots=false", "checkpointing.save_period=2", "grpo.max_num_epochs=2", *extra]
 
 
-def _logged_step(out: Path) -> int:
-    try:
-        lines = (out / "logs" / "metrics.jsonl").read_text().splitlines()[:-1]  # the last may be half written
-    except FileNotFoundError:
-        return 0
-    return max((json.loads(line)["step"] for line in lines), default=0)
-
-
 def _start_grpo(args: list[str], log: Path) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "rmkit", "grpo", *args], env=CHILD_ENV,
                             stdout=subprocess.DEVNULL, stderr=open(log, "w"))  # noqa: SIM115 (closed with the child)
-
-
-def _wait_for_step(proc: subprocess.Popen, out: Path, step: int, log: Path) -> None:
-    deadline = time.monotonic() + 300
-    while _logged_step(out) < step:
-        assert proc.poll() is None, log.read_text()[-4000:]
-        assert time.monotonic() < deadline, log.read_text()[-4000:]
-        time.sleep(0.02)
-
-
-def _metrics(out: Path) -> list[dict]:
-    records = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if not k.startswith(VARYING)} for r in records]
 
 
 @pytest.mark.slow
@@ -64,7 +43,7 @@ def test_a_server_restarted_mid_run_changes_nothing(tiny_policy, tiny_reward_mod
     try:
         outage, log = tmp_path / "outage", tmp_path / "outage.log"
         proc = _start_grpo(_args(tiny_policy, prompt_files, outage, url), log)
-        _wait_for_step(proc, outage, 2, log)
+        wait_for_step(proc, outage, 2, log)
         server.proc.kill()  # gone mid-run, its requests in flight with it
         server.stop()
         time.sleep(2.0)
@@ -78,7 +57,7 @@ def test_a_server_restarted_mid_run_changes_nothing(tiny_policy, tiny_reward_mod
         assert cli.main(["grpo", *_args(tiny_policy, prompt_files, reference, url)]) == 0
     finally:
         server.stop()
-    assert _logged_step(outage) == STEPS and _metrics(outage) == _metrics(reference)
+    assert logged_step(outage) == STEPS and logged_metrics(outage, VARYING) == logged_metrics(reference, VARYING)
     expected, got = load_file(reference / "final" / "model.safetensors"), load_file(outage / "final" / "model.safetensors")
     assert expected.keys() == got.keys() and all(torch.equal(expected[k], got[k]) for k in expected)
     assert (outage / "logs" / "samples.jsonl").read_text() == (reference / "logs" / "samples.jsonl").read_text()
@@ -92,7 +71,7 @@ def test_a_server_gone_past_the_deadline_stops_the_run_naming_url_and_checkpoint
     out, log = tmp_path / "run", tmp_path / "run.log"
     with ServerProcess(tiny_reward_model, *SERVE_ARGS, env=CHILD_ENV, port=port) as server:
         proc = _start_grpo(_args(tiny_policy, prompt_files, out, url, "env.reward_model.retry_deadline=3"), log)
-        _wait_for_step(proc, out, 2, log)
+        wait_for_step(proc, out, 2, log)
         server.proc.kill()
     start = time.monotonic()
     assert proc.wait(timeout=120) == 1, log.read_text()[-4000:]

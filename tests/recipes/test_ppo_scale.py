@@ -7,12 +7,6 @@ rows. GAE is per completion, and its whitening over the tokens of every rank is 
 would get wrong from step 1 on.
 """
 
-import json
-import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,8 +17,8 @@ from rmkit import cli
 from tests.recipes.conftest import ppo_overrides
 from tests.recipes.test_grpo_ddp import generations, records
 from tests.support.launch import CHILD_ENV, torchrun
+from tests.support.runs import kill_at_step, logged_metrics
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 STEPS = 6
 VARYING = ("timing/", "train/generated_tokens_per_s")
 
@@ -38,16 +32,7 @@ def _resume_args(tiny_policy, tiny_reward_model, prompt_files, out):
 
 
 def _metrics(out: Path) -> list[dict]:
-    lines = (out / "logs" / "metrics.jsonl").read_text().splitlines()
-    return [{k: v for k, v in json.loads(line).items() if not k.startswith(VARYING)} for line in lines]
-
-
-def _logged_step(out: Path) -> int:
-    try:
-        lines = (out / "logs" / "metrics.jsonl").read_text().splitlines()[:-1]
-    except FileNotFoundError:
-        return 0
-    return max((json.loads(line)["step"] for line in lines), default=0)
+    return logged_metrics(out, VARYING)
 
 
 @pytest.mark.slow
@@ -56,15 +41,7 @@ def test_sigkill_and_resume_reproduce_the_uninterrupted_run(tiny_policy, tiny_re
     assert cli.main(["ppo", *_resume_args(tiny_policy, tiny_reward_model, prompt_files, reference)]) == 0
 
     killed = tmp_path / "killed"
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen([sys.executable, "-m", "rmkit", "ppo", *_resume_args(tiny_policy, tiny_reward_model,
-                             prompt_files, killed)], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 300
-    while _logged_step(killed) < 3 and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert proc.returncode == -signal.SIGKILL, proc.stderr.read()[-3000:]
+    kill_at_step(["ppo", *_resume_args(tiny_policy, tiny_reward_model, prompt_files, killed)], killed, 3)
     assert (killed / "step_2").is_dir() and not (killed / "final").exists()
 
     assert cli.main(["ppo", *_resume_args(tiny_policy, tiny_reward_model, prompt_files, killed), "--resume"]) == 0

@@ -12,7 +12,6 @@ after the resume (one process's sum against a reduce-scatter of two), so it agre
 
 import random
 import shutil
-import time
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,9 @@ import yaml
 from rmkit import cli
 from rmkit.trainer.checkpointing.files import read_manifest
 from tests.recipes.test_rm_ddp import assert_close_runs
-from tests.recipes.test_rm_resume import assert_bitwise_equal, logged_steps, metrics, rmkit_train, weights
+from tests.recipes.test_rm_resume import assert_bitwise_equal, metrics, rmkit_train, weights
 from tests.support.launch import CHILD_ENV, kill_all, start_torchrun, torchrun
+from tests.support.runs import wait_for_step
 from tests.support.tiny import make_tiny_decoder, write_pairs
 
 STEPS, SAVE_PERIOD = 8, 2  # 48 pairs: 6 steps of 8 per epoch, so the run crosses an epoch boundary
@@ -97,11 +97,7 @@ def test_sigkill_then_resume_sharded_matches_uninterrupted_run(assets, two_proce
     config = write_config(tmp_path / "rm.yaml", assets, out)
     kill_at = random.Random().randint(SAVE_PERIOD + 1, STEPS - 2)  # after the first checkpoint
     proc = start_torchrun(["-m", "rmkit", "train", "--config", str(config)], CHILD_ENV)
-    deadline = time.monotonic() + 240
-    while logged_steps(out / "logs" / "metrics.jsonl") < kill_at:
-        assert proc.poll() is None, f"run ended before step {kill_at}: {proc.stderr.read()[-3000:]}"
-        assert time.monotonic() < deadline
-        time.sleep(0.002)
+    wait_for_step(proc, out, kill_at)
     kill_all(proc)  # the launcher and both ranks, wherever they are (in a save included)
     proc.communicate(timeout=60)
     assert not (out / "final").exists(), "the run finished before it was killed"

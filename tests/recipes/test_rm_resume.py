@@ -7,10 +7,6 @@ this process (it saves the ~10 s of imports per run), with the same single threa
 
 import json
 import random
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +15,7 @@ import yaml
 from safetensors.torch import load_file
 
 from rmkit import cli
-from tests.support.launch import CHILD_ENV
+from tests.support.runs import kill_at_step, logged_metrics
 from tests.support.tiny import make_tiny_decoder, write_pairs
 
 STEPS, SAVE_PERIOD, VAL_PERIOD = 30, 5, 5
@@ -49,11 +45,6 @@ def write_config(path: Path, assets, out: Path, **checkpointing) -> Path:
     return path
 
 
-def rmkit_train_subprocess(*args) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "rmkit", "train", *map(str, args)]
-    return subprocess.Popen(cmd, env=CHILD_ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
 def rmkit_train(capsys, *args) -> str:
     """`rmkit train ARGS` in this process; returns its stderr."""
     threads = torch.get_num_threads()
@@ -64,18 +55,8 @@ def rmkit_train(capsys, *args) -> str:
     return capsys.readouterr().err
 
 
-def logged_steps(log: Path) -> int:
-    try:
-        lines = log.read_text().splitlines()
-    except FileNotFoundError:
-        return 0
-    steps = [json.loads(line)["step"] for line in lines[:-1]]  # the last line may be half written
-    return max(steps, default=0)
-
-
 def metrics(out: Path) -> list[dict]:
-    records = [json.loads(line) for line in (out / "logs" / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in TIMING_KEYS} for r in records]
+    return logged_metrics(out, TIMING_KEYS)
 
 
 def weights(directory: Path) -> dict:
@@ -99,16 +80,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(assets, uninterrupted, tm
     out = tmp_path / "run"
     config = write_config(tmp_path / "rm.yaml", assets, out)
     kill_at = random.Random().randint(SAVE_PERIOD + 1, STEPS - 6)  # after the first checkpoint
-    proc = rmkit_train_subprocess("--config", config)
-    deadline = time.monotonic() + 240
-    while logged_steps(out / "logs" / "metrics.jsonl") < kill_at:
-        assert proc.poll() is None, f"run ended before step {kill_at}: {proc.stderr.read()[-3000:]}"
-        assert time.monotonic() < deadline
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL
-    assert not (out / "final").exists(), "the run finished before it was killed"
+    kill_at_step(["train", "--config", config], out, kill_at)
 
     err = rmkit_train(capsys, "--config", config, "--resume")
     assert "resum" in err.lower(), err[-2000:]

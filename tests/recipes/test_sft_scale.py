@@ -10,10 +10,6 @@ summing gradients, or local instead of global token counts, is off by a factor o
 import json
 import random
 import shutil
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -23,6 +19,7 @@ from safetensors.torch import load_file
 
 from rmkit import cli
 from tests.support.launch import CHILD_ENV, torchrun
+from tests.support.runs import kill_at_step, logged_metrics
 
 STEPS, SAVE_PERIOD = 16, 4
 TIMING = ("train/tokens_per_s", "train/sequences_per_s", "validation-held_out/tokens_per_s")
@@ -64,16 +61,7 @@ def rmkit_sft(capsys, *args) -> str:
 
 
 def metrics(out: Path) -> list[dict]:
-    records = [json.loads(line) for line in (out / "logs/metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in r.items() if k not in TIMING} for r in records]
-
-
-def logged_steps(log: Path) -> int:
-    try:
-        lines = log.read_text().splitlines()
-    except FileNotFoundError:
-        return 0
-    return max((json.loads(line)["step"] for line in lines[:-1]), default=0)
+    return logged_metrics(out, TIMING)
 
 
 @pytest.mark.slow
@@ -83,16 +71,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tiny_policy, tmp_path, ca
     out = tmp_path / "run"
     config = write_config(tmp_path, tiny_policy, "run")
     kill_at = random.Random().randint(SAVE_PERIOD + 1, STEPS - 3)
-    proc = subprocess.Popen([sys.executable, "-m", "rmkit", "sft", "--config", str(config)], env=CHILD_ENV,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while logged_steps(out / "logs/metrics.jsonl") < kill_at:
-        assert proc.poll() is None, f"run ended before step {kill_at}: {proc.stderr.read()[-3000:]}"
-        assert time.monotonic() < deadline
-        time.sleep(0.002)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate(timeout=60)
-    assert not (out / "final").exists(), "the run finished before it was killed"
+    kill_at_step(["sft", "--config", config], out, kill_at)
 
     err = rmkit_sft(capsys, "--config", config, "--resume")
     assert "resuming" in err, err[-2000:]
