@@ -27,8 +27,9 @@ paired comparison against the length-only baseline says whether a model beats "t
     python benchmarks/quality_vs_trl.py --study hh --final                      # the earlier HH study
     python benchmarks/quality_vs_trl.py --variants trl,rmkit,X:KEY=VALUE --reuse earlier.json  # only X's runs train
 
-`--reuse FILE` (a results JSON or its .partial.jsonl) takes the runs of the same variant (label and
-overrides), seed and scored files from an earlier study instead of training them again: a run is
+`--reuse FILE` (a results JSON or its .partial.jsonl; repeatable, a later file's run replacing an earlier one's)
+takes the runs of the same variant (label and overrides), seed and scored files from earlier studies instead of
+training them again: a run is
 deterministic given its seed (the same accuracies came back in studies days apart), so only its timing
 would differ, and the reused runs' pairs/s are those of the earlier machine state. Only a study with the same
 training pairs, length and epochs may be reused: the results file records them.
@@ -57,6 +58,7 @@ import random
 import shutil
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -90,7 +92,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rmkit-quality"))
     parser.add_argument("--keep-models", type=Path, help="keep each run's model as DIR/<variant>-seed<S>")
-    parser.add_argument("--reuse", type=Path, help="an earlier results JSON or .partial.jsonl whose matching runs are kept")
+    parser.add_argument("--reuse", type=Path, action="append", default=[],
+                        help="an earlier results JSON or .partial.jsonl whose matching runs are kept (repeatable)")
     parser.add_argument("--output", type=Path, default=common.REPO_ROOT / "benchmarks" / "results" / "quality_vs_trl.json")
     args = parser.parse_args(argv)
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
@@ -197,21 +200,23 @@ def one_run(args, train_path: Path, eval_dir: Path, files: list[str], seed: int,
     return result
 
 
-def reusable_runs(path: Path | None, files: list[str], setting: dict | None = None) -> dict[tuple, dict]:
-    """Finished runs of an earlier study by `(variant label, overrides, seed)`; only those scored on every
-    one of `files`, and (a results JSON that records it) only when its `setting` is this study's."""
-    if path is None:
-        return {}
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json":
-        payload = json.loads(text)
-        if setting is not None and payload.get("setting", setting) != setting:
-            raise SystemExit(f"--reuse: {path} trained with {payload['setting']}, this study with {setting}")
-        runs = payload["runs"]
-    else:
-        runs = [json.loads(line) for line in text.splitlines() if line]
-    return {(r["variant"], tuple(r["overrides"]), r["seed"]): {**r, "reused_from": str(path)} for r in runs
-            if all(f"correct/{name}" in r for name in files)}
+def reusable_runs(paths: Sequence[Path], files: list[str], setting: dict | None = None) -> dict[tuple, dict]:
+    """Finished runs of earlier studies (`paths`, a later file's run replacing an earlier one's) by `(variant label,
+    overrides, seed)`; only those scored on every one of `files`, and (a results JSON that records it) only when
+    its `setting` is this study's."""
+    found = {}
+    for path in paths:
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".json":
+            payload = json.loads(text)
+            if setting is not None and payload.get("setting", setting) != setting:
+                raise SystemExit(f"--reuse: {path} trained with {payload['setting']}, this study with {setting}")
+            runs = payload["runs"]
+        else:
+            runs = [json.loads(line) for line in text.splitlines() if line]
+        found.update({(r["variant"], tuple(r["overrides"]), r["seed"]): {**r, "reused_from": str(path)} for r in runs
+                      if all(f"correct/{name}" in r for name in files)})
+    return found
 
 
 def paired(mine: list[list[int]], theirs: list[list[int]], clusters: list[int] | None = None) -> dict:

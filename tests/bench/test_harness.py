@@ -309,10 +309,20 @@ def test_reused_runs_are_matched_by_variant_overrides_seed_and_files(tmp_path):
             {"variant": "w4", "overrides": ["data.length_group_window=4"], "seed": 1, "correct/dev.jsonl": [0, 0]},
             {"variant": "rmkit", "overrides": [], "seed": 2, "correct/other.jsonl": [1]}]  # not scored on dev
     partial.write_text("".join(json.dumps(r) + "\n" for r in runs))
-    found = reusable_runs(partial, ["dev.jsonl"])
+    found = reusable_runs([partial], ["dev.jsonl"])
     assert set(found) == {("trl", (), 1), ("w4", ("data.length_group_window=4",), 1)}
     assert found[("trl", (), 1)]["reused_from"] == str(partial)
-    assert reusable_runs(None, ["dev.jsonl"]) == {}
+    assert reusable_runs([], ["dev.jsonl"]) == {}
+    # Several files: their runs together, a later file's run replacing an earlier one's.
+    later = tmp_path / "later.json"
+    later.write_text(json.dumps({"setting": {"epochs": 1}, "runs": [
+        {"variant": "trl", "overrides": [], "seed": 1, "correct/dev.jsonl": [1, 1]},
+        {"variant": "trl", "overrides": [], "seed": 2, "correct/dev.jsonl": [0, 1]}]}))
+    found = reusable_runs([partial, later], ["dev.jsonl"], {"epochs": 1})
+    assert set(found) == {("trl", (), 1), ("trl", (), 2), ("w4", ("data.length_group_window=4",), 1)}
+    assert found[("trl", (), 1)]["correct/dev.jsonl"] == [1, 1] and found[("trl", (), 1)]["reused_from"] == str(later)
+    with pytest.raises(SystemExit, match="--reuse"):
+        reusable_runs([partial, later], ["dev.jsonl"], {"epochs": 2})
 
 
 @pytest.mark.slow
