@@ -191,7 +191,7 @@ def train(cfg: PRMTree) -> RunResult:
         action=f"training {cfg.policy.model_name} as a process reward model",
         length=f"{steps} steps of {cfg.policy.train_global_batch_size} solutions", step=step,
         validate=(lambda at: run_validation(cfg, forward, tokenizer.pad_token_id, val, run.logger, at, rows,
-                                                   shared_in))
+                                            shared_in))
         if val else None,
         shown=SHOWN, tokenizer=tokenizer, items="solutions",
         export=lambda whole, folder: export_prm(whole, tokenizer, folder, cfg),

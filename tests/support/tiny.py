@@ -42,20 +42,23 @@ FILLER = [
 SPECIALS = ["<pad>", "<unk>", "<s>", "</s>"]
 
 
+# config, causal LM and sequence classifier of each decoder family `random_decoder` builds
+DECODER_FAMILIES = {"llama": (LlamaConfig, LlamaForCausalLM, LlamaForSequenceClassification),
+                    "qwen2": (Qwen2Config, Qwen2ForCausalLM, Qwen2ForSequenceClassification)}  # fmt: skip
+
+
 def random_decoder(kind: str, *, classifier: bool = False, pad_token_id: int = 0, **config):
-    """A seeded random 2-layer, hidden-32 Llama or Qwen2 (`kind`) over 64 token ids, in float32: a causal LM, or
-    with `classifier` a one-output sequence classifier (a reward model's or a token-value head's shape)."""
+    """A seeded random 2-layer, hidden-32 decoder of family `kind` ("llama" or "qwen2") over 64 token ids, in float32:
+    a causal LM, or with `classifier` a one-output sequence classifier (a reward model's or a token-value head's)."""
     import torch
 
+    config_type, causal_lm, sequence_classifier = DECODER_FAMILIES[kind]
     torch.manual_seed(0)
     common = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, max_position_embeddings=128, pad_token_id=pad_token_id, **config)  # fmt: skip
     if classifier:
-        common["num_labels"] = 1
-    llama = kind == "llama"
-    model_type = {(True, False): LlamaForCausalLM, (True, True): LlamaForSequenceClassification,
-                  (False, False): Qwen2ForCausalLM, (False, True): Qwen2ForSequenceClassification}[llama, classifier]  # fmt: skip
-    return model_type((LlamaConfig if llama else Qwen2Config)(**common)).float()
+        return sequence_classifier(config_type(**common, num_labels=1)).float()
+    return causal_lm(config_type(**common)).float()
 
 
 def make_tiny_decoder(directory: Path, seed: int = 0) -> Path:
