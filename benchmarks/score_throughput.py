@@ -7,6 +7,8 @@ rejected). Timed, after the model is loaded and warmed up, in this one process:
 - `rmkit`: the inference core, `rmkit.inference`, as `rmkit score` uses it: `load_scorer(model,
   max_length=--max-length)`, then `encode_pairs` (each side of a pair cut on its own) plus `score_ids`
   (length-sorted, token-budgeted batches, inference mode);
+- `rmkit_btN` (`--batch-tokens N,...`): the same with a budget of N padded tokens per forward pass instead of the
+  device's default (`rmkit.models.scoring.default_batch_tokens`; `rmkit score --batch-tokens N`);
 - `pipeline bs=1`: one text per pipeline call, the way most scripts use it;
 - `pipeline bs=B`: the whole list in one call with the pipeline's own `batch_size` batching;
 - `rmkit score` (the CLI, `--cli`): the whole command as a subprocess, start-up and model loading included.
@@ -21,6 +23,7 @@ pipeline inside `torch.autocast`), and the peak is then measured in bf16.
 
     python benchmarks/score_throughput.py
     python benchmarks/score_throughput.py --pairs 64 --batch-sizes 1,16 --repeats 1
+    python benchmarks/score_throughput.py --batch-sizes "" --batch-tokens 1024,4096,16384 --repeats 1
     python benchmarks/score_throughput.py --device cuda --precision bf16 --batch-sizes 1,64 --threads 8
 """
 
@@ -46,7 +49,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--model", type=Path, help="exported reward model (default: MiniLM, seeded head)")
     parser.add_argument("--data", type=Path, default=common.DEFAULT_DATA_DIR / "hh_harmless_val.jsonl")
     parser.add_argument("--pairs", type=int, help="score the first N pairs (default: all)")
-    parser.add_argument("--batch-sizes", default="1,8,32,64", help="pipeline settings; 1 = one text per call")
+    parser.add_argument("--batch-sizes", default="1,8,32,64",
+                        help="pipeline settings; 1 = one text per call; empty: no pipeline")
+    parser.add_argument("--batch-tokens", default="",
+                        help="rmkit's padded tokens per forward pass to time beside the device's default, comma list")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--max-length", type=int, default=256)
     parser.add_argument("--threads", type=int, default=2)
@@ -58,6 +64,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     args = parser.parse_args(argv)
     args.batch_sizes = [int(b) for b in args.batch_sizes.split(",") if b]
+    args.batch_tokens = [int(b) for b in args.batch_tokens.split(",") if b]
     return args
 
 
@@ -120,7 +127,9 @@ def markdown_table(payload: dict) -> str:
     rows = [[name, f"{value['seconds']:.2f}", f"{value['pairs_per_s']:.1f}",
              f"{100 * value['mfu']:.1f}%" if "mfu" in value else ""]
             for name, value in payload["results"].items() if isinstance(value, dict)]
-    rows.append(["**rmkit / best pipeline**", "", f"**{payload['results']['ratio_rmkit_over_best_pipeline']:.2f}x**", ""])
+    if "ratio_rmkit_over_best_pipeline" in payload["results"]:
+        ratio = payload["results"]["ratio_rmkit_over_best_pipeline"]
+        rows.append(["**rmkit / best pipeline**", "", f"**{ratio:.2f}x**", ""])
     if "ceiling_pairs_per_s" in payload:
         rows.append([f"{payload.get('precision', 'fp32')} matmul peak, all FLOPs useful (ceiling)", "",
                      f"{payload['ceiling_pairs_per_s']:.1f}", "100%"])
@@ -168,6 +177,13 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     seconds, rewards = timed(lambda: rmkit_scores(scorer, records), args.repeats)
     results["rmkit"] = measured(seconds)
+    default_budget, budget_difference = scorer.max_batch_tokens, 0.0
+    for budget in args.batch_tokens:
+        scorer.max_batch_tokens = budget
+        seconds, scores = timed(lambda: rmkit_scores(scorer, records), args.repeats)
+        results[f"rmkit_bt{budget}"] = measured(seconds)
+        budget_difference = max(budget_difference, (scores - rewards).abs().max().item())
+    scorer.max_batch_tokens = default_budget
     # The pipeline keeps a text's first tokens; rmkit keeps its leading special tokens and its last tokens.
     # Compare where neither truncates: texts that fit (each side of a pair is cut on its own).
     fits = torch.tensor([len(ids) <= args.max_length for ids in tokenizer(texts).input_ids])
@@ -178,8 +194,9 @@ def main(argv: list[str] | None = None) -> int:
         )
         results[f"pipeline_bs{batch_size}"] = measured(seconds)
         max_diff = max(max_diff, (scores - rewards.cpu())[fits].abs().max().item())
-    best = max((v for k, v in results.items() if k.startswith("pipeline")), key=lambda v: v["pairs_per_s"])
-    results["ratio_rmkit_over_best_pipeline"] = results["rmkit"]["pairs_per_s"] / best["pairs_per_s"]
+    if args.batch_sizes:
+        best = max((v for k, v in results.items() if k.startswith("pipeline")), key=lambda v: v["pairs_per_s"])
+        results["ratio_rmkit_over_best_pipeline"] = results["rmkit"]["pairs_per_s"] / best["pairs_per_s"]
     if args.cli:
         seconds = time_cli(model_dir, data_file, args.threads, args.max_length)
         results["rmkit_score_cli"] = {"seconds": seconds, "pairs_per_s": len(records) / seconds}
@@ -192,7 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         "pairs": len(records),
         "threads": args.threads,
         **({"device": args.device, "precision": args.precision} if args.device != "cpu" or bf16 else {}),
+        "rmkit_batch_tokens": default_budget,
         "max_abs_reward_difference_vs_pipeline": max_diff,
+        "max_abs_reward_difference_across_batch_tokens": budget_difference,
         "tokens": tokens,
         "model_flops": flops,
         "matmul_peak_flops": peak,

@@ -35,7 +35,7 @@ from rmkit.data.tokenize import TokenizedPairs, fit_inputs, tokenize_pairs
 from rmkit.distributed import all_reduce, is_distributed
 from rmkit.errors import ConfigError
 from rmkit.models.reward import config_architectures, load_reward_model, uses_last_token_pooling
-from rmkit.models.scoring import length_sorted_batches, score_positions, score_sequences
+from rmkit.models.scoring import default_batch_tokens, length_sorted_batches, score_positions, score_sequences
 from rmkit.models.setup import autocast, check_length, loading_errors, model_source
 
 CONTRACT_FILE = "scoring_contract.json"
@@ -243,12 +243,15 @@ class RewardScorer:
         tokenizer: its tokenizer (pad token set, right padding).
         contract: the scoring contract (`read_contract` / `contract_for`).
         precision: `bfloat16` runs under bf16 autocast; weights stay as loaded.
-        max_batch_tokens: padded tokens (`rows x longest`) per forward pass.
+        max_batch_tokens: padded tokens (`rows x longest`) per forward pass; None: 1,024 when the model is on a
+            CPU, 16,384 on an accelerator (`rmkit.models.scoring.default_batch_tokens`).
         max_batch_size: rows per forward pass.
     """
 
     def __init__(self, model, tokenizer, contract: ScoringContract, precision: str = "float32",
-                 max_batch_tokens: int = 16384, max_batch_size: int = 256):
+                 max_batch_tokens: int | None = None, max_batch_size: int = 256):
+        if max_batch_tokens is None:
+            max_batch_tokens = default_batch_tokens(next(model.parameters()).device)
         for key, value in (("max_batch_tokens", max_batch_tokens), ("max_batch_size", max_batch_size)):
             if value < 1:
                 raise ConfigError(key, f"must be >= 1, got {value}")

@@ -40,7 +40,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, several: bool = False) 
                         help="tokens per input (default: the model's scoring_contract.json, which every rmkit "
                              "path reads; else the model's position limit); longer inputs keep their end")
     parser.add_argument("--precision", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--batch-tokens", type=positive_int, default=16384, help="padded tokens per forward pass")
+    parser.add_argument("--batch-tokens", type=positive_int, default=None,
+                        help="padded tokens per forward pass (default: 1024 on a CPU, 16384 on a GPU)")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads")
 
 
@@ -198,7 +199,9 @@ def print_report(report: dict, out_dir: str) -> None:
             average = f"{pb['average_f1']:.4f}" if pb["average_f1"] is not None else "-"
             splits = ", ".join(f"{s} {v['f1']:.4f}" if v["f1"] is not None else f"{s} -"
                                for s, v in pb["splits"].items())
-            parts.append(f"ProcessBench average F1 {average} ({splits}; threshold {pb['threshold']})")
+            auc = f"{pb['average_step_auc']:.4f}" if pb["average_step_auc"] is not None else "-"
+            parts.append(f"ProcessBench average F1 {average} ({splits}; threshold {pb['threshold']}), "
+                         f"step AUC {auc}")
         if "prmbench" in entry:
             score = entry["prmbench"]["overall"]["prm_score"]
             parts.append(f"PRMBench PRMScore {score:.4f}" if score is not None else "PRMBench PRMScore -")

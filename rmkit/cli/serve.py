@@ -28,7 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "loopback or a private network")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     p.add_argument("--dtype", choices=DTYPES, default="float32")
-    p.add_argument("--max-batch-tokens", type=positive_int, default=16384, help="padded tokens per forward pass")
+    p.add_argument("--max-batch-tokens", type=positive_int, default=None,
+                   help="padded tokens per forward pass (default: 1024 on a CPU, 16384 on a GPU)")
     p.add_argument("--max-batch-size", type=positive_int, default=256, help="rows per forward pass")
     p.add_argument("--batch-window-ms", type=float_at_least(0.0), default=5.0,
                    help="how long a request waits for others to share its batch")

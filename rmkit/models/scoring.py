@@ -11,6 +11,16 @@ from rmkit.data.collate import pad_right
 from rmkit.models.reward import compute_rewards, uses_last_token_pooling
 
 
+def default_batch_tokens(device: str | torch.device) -> int:
+    """Padded tokens per forward pass when none is given: 1,024 on a CPU, 16,384 on an accelerator.
+
+    An accelerator needs wide batches to keep busy. On a CPU a wide batch's activations overflow the caches and the
+    memory-bound work (attention scores, norms, activations) dominates: on 2 AMD EPYC cores 1,024 tokens scored
+    MiniLM pairs 1.1-1.3x and SmolLM2 texts 2.2x as fast as 16,384 did (BENCHMARKS.md, "Scoring: how many tokens
+    per forward pass")."""
+    return 1024 if torch.device(device).type == "cpu" else 16384
+
+
 def length_sorted_batches(
     lengths: Sequence[int], max_batch_tokens: int, max_batch_size: int
 ) -> list[list[int]]:
@@ -32,14 +42,15 @@ def score_sequences(
     model: PreTrainedModel,
     sequences: Sequence[Sequence[int]],
     pad_token_id: int,
-    max_batch_tokens: int = 16384,
+    max_batch_tokens: int | None = None,
     max_batch_size: int = 256,
     min_forwards: int = 0,
 ) -> torch.Tensor:
     """Rewards `[N, K]` (float32, on CPU) for N token sequences, in the order given.
 
     Batching changes only which rows share a forward pass; each row's reward is read at its own last
-    real token, so the result does not depend on `max_batch_tokens` beyond float rounding. At least
+    real token, so the result does not depend on `max_batch_tokens` (None: `default_batch_tokens` of the model's
+    device) beyond float rounding. At least
     `min_forwards` forward passes run (the extra ones on one pad token, their output dropped): an FSDP2
     model all-gathers in every forward, so every rank must run as many.
     """
@@ -52,6 +63,7 @@ def score_sequences(
 
 def _score_sequences(model, sequences, pad_token_id, max_batch_tokens, max_batch_size, min_forwards):
     device = next(model.parameters()).device
+    max_batch_tokens = max_batch_tokens or default_batch_tokens(device)
     lengths = [len(s) for s in sequences]
     rewards: list[torch.Tensor | None] = [None] * len(sequences)
     for batch in length_sorted_batches(lengths, max_batch_tokens, max_batch_size):
@@ -69,7 +81,7 @@ def score_positions(
     sequences: Sequence[Sequence[int]],
     positions: Sequence[Sequence[int]],
     pad_token_id: int,
-    max_batch_tokens: int = 16384,
+    max_batch_tokens: int | None = None,
     max_batch_size: int = 256,
 ) -> list[torch.Tensor]:
     """The classifier's outputs `[n_i, K]` (float32, on CPU) of each of N sequences cut after each of its
@@ -82,6 +94,7 @@ def score_positions(
         scores = score_sequences(model, prefixes, pad_token_id, max_batch_tokens, max_batch_size)
         return list(scores.split([len(points) for points in positions]))
     device = next(model.parameters()).device
+    max_batch_tokens = max_batch_tokens or default_batch_tokens(device)
     out: list[torch.Tensor | None] = [None] * len(sequences)
     with torch.no_grad(), torch.inference_mode():
         for batch in length_sorted_batches([len(s) for s in sequences], max_batch_tokens, max_batch_size):

@@ -43,7 +43,8 @@ class ScoringEngine:
     Args:
         model_dir: an rmkit export or any HF sequence-classification directory (GGUF included).
         device, dtype: where and in which precision (`rmkit.inference.DTYPES` name) the model runs.
-        max_batch_tokens: padded tokens (`rows x longest`) per forward pass.
+        max_batch_tokens: padded tokens (`rows x longest`) per forward pass (None: 1,024 on a CPU, 16,384 on an
+            accelerator).
         max_batch_size: rows per forward pass.
         batch_window_ms: how long the first waiting async request waits for others to join its group.
         max_length: longest input in tokens (default: the model directory's scoring contract).
@@ -58,7 +59,7 @@ class ScoringEngine:
         model_dir: str | Path,
         device: str = "cpu",
         dtype: str = "float32",
-        max_batch_tokens: int = 16384,
+        max_batch_tokens: int | None = None,
         max_batch_size: int = 256,
         batch_window_ms: float = 5.0,
         max_length: int | None = None,

@@ -141,6 +141,8 @@ def test_score_throughput_smoke(tmp_path):
         str(data),
         "--batch-sizes",
         "1,4",
+        "--batch-tokens",
+        "8,64",
         "--repeats",
         "1",
         "--output",
@@ -151,14 +153,18 @@ def test_score_throughput_smoke(tmp_path):
     assert result["pairs"] == 6
     assert set(result["results"]) >= {
         "rmkit",
+        "rmkit_bt8",
+        "rmkit_bt64",
         "pipeline_bs1",
         "pipeline_bs4",
         "ratio_rmkit_over_best_pipeline",
     }
+    assert result["rmkit_batch_tokens"] == 1024  # the CPU's default budget
+    assert result["max_abs_reward_difference_across_batch_tokens"] < 1e-5  # the batches change, not the rewards
     # Same model, same tokens: the pipeline and rmkit agree on every untruncated reward (fp32 rounding).
     assert result["max_abs_reward_difference_vs_pipeline"] < 1e-4
     # MFU = model FLOPs / time / peak, so pairs/s over MFU is the same ceiling for every setting.
-    for name in ("rmkit", "pipeline_bs1", "pipeline_bs4"):
+    for name in ("rmkit", "rmkit_bt8", "pipeline_bs1", "pipeline_bs4"):
         measured = result["results"][name]
         assert measured["mfu"] > 0
         assert measured["pairs_per_s"] / measured["mfu"] == pytest.approx(result["ceiling_pairs_per_s"], rel=1e-9)
