@@ -83,11 +83,13 @@ def processbench_section(report: dict) -> str:
     models = {n: e["processbench"] for n, e in report["models"].items()}
     first = next(iter(models.values()))
     header = ["split", "erroneous", "correct"] + [f"{_e(n)}: {k}" for n in models
-                                                  for k in ("error acc.", "correct acc.", "F1")]
+                                                  for k in ("error acc.", "correct acc.", "F1", "step AUC")]
     rows = [[_e(split), str(s["n_error"]), str(s["n_correct"])]
-            + [pct(m["splits"][split][k]) for m in models.values() for k in ("error_acc", "correct_acc", "f1")]
+            + [pct(m["splits"][split][k]) for m in models.values()
+               for k in ("error_acc", "correct_acc", "f1", "step_auc")]
             for split, s in first["splits"].items()]
-    rows.append(["<b>average F1</b>", "", ""] + [cell for m in models.values() for cell in ("", "", pct(m["average_f1"]))])
+    rows.append(["<b>average</b>", "", ""] + [cell for m in models.values()
+                                              for cell in ("", "", pct(m["average_f1"]), pct(m["average_step_auc"]))])
     cut = {n: sum(s["cut"] for s in m["splits"].values()) for n, m in models.items()}
     cut_note = (" Solutions longer than the model's max length (their last steps unscored, so judged right): "
                 + ", ".join(f"{_e(n)} {c}" for n, c in cut.items()) + ".") if any(cut.values()) else ""
@@ -95,8 +97,9 @@ def processbench_section(report: dict) -> str:
         "<h2>ProcessBench</h2>", table(header, rows),
         f'<p class="note">Threshold {num(data["threshold"], 2)}: {_e(data["rule"])}. Error acc.: the erroneous '
         "solutions whose first wrong step is found exactly; correct acc.: the correct solutions with no step judged "
-        f"wrong; F1: their harmonic mean; average F1: the mean over the splits. As {_e(data['source'])} computes "
-        f"them.{cut_note}</p>"])
+        f"wrong; F1: their harmonic mean; average: the mean over the splits. As {_e(data['source'])} computes "
+        "them. Step AUC (rmkit's, no threshold): the chance that a step before a first error scores above a first "
+        f"wrong step, ties half; 50% is chance.{cut_note}</p>"])
 
 
 def prmbench_section(report: dict) -> str:

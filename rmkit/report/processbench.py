@@ -16,11 +16,19 @@ and its README:
   is correct, that is a probability below 0.5: rmkit's default `threshold`, which the report states. A step
   whose separator falls past the model's max length is not scored, so it is judged right; the report counts
   the solutions that were cut.
+
+Beside ProcessBench's figures, rmkit adds one that needs no threshold: `step_auc`, the probability that a step
+ProcessBench marks right (any step before a solution's first error) gets a higher probability of being correct than a
+first wrong step, ties counted half (the area under the ROC curve; 0.5 is chance). A model that has learned only how
+often steps are right judges every step right at 0.5 (F1 0) whether or not it ranks wrong steps lower; this says
+which. Steps after a first error carry no label and are not counted, nor are unscored ones.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import numpy as np
 
 from rmkit.data.readers import RawRecord
 from rmkit.data.steps import parse_processbench
@@ -66,6 +74,22 @@ def predicted_first_error(step_rewards: list[float | None], threshold: float) ->
     return next((i for i, p in enumerate(step_rewards) if p is not None and p < threshold), -1)
 
 
+def step_auc(rows: list[ProcessRow], step_rewards: list[list[float | None]]) -> float | None:
+    """P(a right step scores above a first wrong step), ties half, over `rows`' scored steps (None without a step
+    of either kind)."""
+    right, wrong = [], []
+    for row, rewards in zip(rows, step_rewards):
+        last = row.label if row.label != -1 else len(rewards)
+        right += [p for p in rewards[:last] if p is not None]
+        if row.label != -1 and row.label < len(rewards) and rewards[row.label] is not None:
+            wrong.append(rewards[row.label])
+    if not right or not wrong:
+        return None
+    right_scores, wrong_scores = np.array(right)[:, None], np.array(wrong)[None, :]
+    return float(((right_scores > wrong_scores).sum() + 0.5 * (right_scores == wrong_scores).sum())
+                 / (right_scores.size * wrong_scores.size))
+
+
 def _mean(flags: list[bool]) -> float | None:
     return sum(flags) / len(flags) if flags else None
 
@@ -78,8 +102,8 @@ def split_order(rows: list[ProcessRow]) -> list[str]:
 def processbench_scores(rows: list[ProcessRow], step_rewards: list[list[float | None]],
                         threshold: float = DEFAULT_THRESHOLD) -> dict:
     """`splits.<name>`: `n_error`, `n_correct`, `error_acc`, `correct_acc`, `f1` (None where a side has no
-    solution), `cut` (solutions with steps past the max length); `average_f1`, the mean F1 over the splits (None
-    when a split has none); `threshold`."""
+    solution), `step_auc` (`step_auc`), `cut` (solutions with steps past the max length); `average_f1` and
+    `average_step_auc`, the means over the splits (None when a split has none); `threshold`."""
     predictions = [predicted_first_error(rewards, threshold) for rewards in step_rewards]
     splits = {}
     for split in split_order(rows):
@@ -93,10 +117,15 @@ def processbench_scores(rows: list[ProcessRow], step_rewards: list[list[float | 
         splits[split] = {"n_error": sum(row.label != -1 for row, _, _ in members),
                          "n_correct": sum(row.label == -1 for row, _, _ in members),
                          "error_acc": error_acc, "correct_acc": correct_acc, "f1": f1,
+                         "step_auc": step_auc([row for row, _, _ in members], [r for _, _, r in members]),
                          "cut": sum(None in rewards for _, _, rewards in members)}
-    f1s = [s["f1"] for s in splits.values()]
-    return {"threshold": threshold, "splits": splits,
-            "average_f1": sum(f1s) / len(f1s) if f1s and None not in f1s else None}
+    return {"threshold": threshold, "splits": splits, "average_f1": _split_mean(splits, "f1"),
+            "average_step_auc": _split_mean(splits, "step_auc")}
+
+
+def _split_mean(splits: dict, key: str) -> float | None:
+    values = [s[key] for s in splits.values()]
+    return sum(values) / len(values) if values and None not in values else None
 
 
 def prediction_rows(rows: list[ProcessRow], step_rewards: list[list[float | None]], rewards: list[float | None],

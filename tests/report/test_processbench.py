@@ -45,9 +45,16 @@ def test_scores_by_hand():
     assert s["f1"] == pytest.approx(2 * (1 / 3) * (1 / 2) / (1 / 3 + 1 / 2))
     assert (t["error_acc"], t["correct_acc"], t["f1"]) == (1.0, 1.0, 1.0)
     assert scores["average_f1"] == pytest.approx((s["f1"] + 1.0) / 2)
+    # step_auc: s has 9 scored right steps (all of the correct solutions', those before each first error) and 2
+    # scored first errors (0.3, 0.6; the third is unscored); 9 right steps are above 0.3, 8 above 0.6 (0.4 is not)
+    assert s["step_auc"] == pytest.approx(17 / 18) and t["step_auc"] == 1.0
+    assert scores["average_step_auc"] == pytest.approx((17 / 18 + 1.0) / 2)
+    ties = processbench_scores([row(-1), row(1)], [[0.5, 0.7, 0.5], [0.5, 0.5, 0.9]])["splits"]["s"]
+    assert ties["step_auc"] == pytest.approx((0.5 + 1 + 0.5 + 0.5) / 4)  # right 0.5, 0.7, 0.5, 0.5 against 0.5
     assert predicted_first_error([0.9, 0.8, 0.7], 0.85) == 1  # the threshold is the report's
     only_correct = processbench_scores([row(-1)], [[0.9, 0.9, 0.9]])
     assert only_correct["splits"]["s"]["f1"] is None and only_correct["average_f1"] is None
+    assert only_correct["splits"]["s"]["step_auc"] is None and only_correct["average_step_auc"] is None
 
 
 @pytest.fixture(scope="module")
