@@ -59,13 +59,16 @@ Then ProcessBench per split, for both saved models, in this process, by one rule
 rmkit's model by `rmkit.inference.load_scorer(...).score_steps`, from TRL's by `trl_step_rewards` (softmax over
 the two labels at each step's separator in TRL's layout); a step past `--max-length` is unscored (judged right);
 `rmkit.report.processbench.processbench_scores` at threshold 0.5 (error accuracy, correct accuracy, F1, their
-mean over the splits). ProcessBench files list their erroneous solutions first, so `--processbench-limit N` takes
+mean over the splits, and rmkit's threshold-free step AUC: whether a model ranks first wrong steps below the steps
+before them even when it judges every step right). ProcessBench files list their erroneous solutions first, so `--processbench-limit N` takes
 the first ceil(N/2) erroneous and the first floor(N/2) correct solutions of each split, in file order. PRM800K's
 problems come from MATH, as ProcessBench's `math` split does.
 
     bash benchmarks/setup_trl_env.sh prm
     python benchmarks/prm_vs_trl.py --solutions 512 --processbench-limit 40
     python benchmarks/prm_vs_trl.py --smoke    # tiny random models, 2 steps, 4 rows per split: end to end
+    # one side now, the other later (the first side's model is scored again beside the second's):
+    python benchmarks/prm_vs_trl.py --sides rmkit --output rmkit.json && python benchmarks/prm_vs_trl.py --sides trl --reuse rmkit.json
     python benchmarks/prm_vs_trl.py table benchmarks/results/prm_vs_trl.json
 """
 
@@ -118,6 +121,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--rmkit-set", action="append", default=[], metavar="KEY=VALUE",
                         help="a dotted `rmkit train` override on top of the matched config (repeatable), recorded "
                              "under `rmkit_overrides`; e.g. data.batching=random")
+    parser.add_argument("--reuse", type=Path, metavar="RESULTS",
+                        help="an earlier results JSON of the same settings: its sides that --sides leaves out are "
+                             "taken from it (their training figures) and their saved models, still in their "
+                             "folders, are scored on ProcessBench again by this run")
     parser.add_argument("--trl-python", type=Path, default=TRL_PYTHON, help="the TRL 1.13.0 environment's python")
     parser.add_argument("--data-dir", type=Path, default=PRM_DATA, help="holds prm800k/ and processbench/")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rmkit-bench-prm"))
@@ -431,10 +438,29 @@ def run_side(args: argparse.Namespace, data: dict, side: str) -> dict:
     return result
 
 
+def reused_runs(args: argparse.Namespace) -> list[dict]:
+    """The runs of `--reuse` for the sides `--sides` leaves out, checked: the same settings (and, for rmkit's side,
+    the same `--rmkit-set`) and their saved models still on disk."""
+    earlier = json.loads(args.reuse.read_text())
+    recorded = {key: earlier["settings"].get(key) for key in settings(args)}
+    if recorded != settings(args):
+        changed = {k: (v, getattr(args, k)) for k, v in recorded.items() if v != getattr(args, k)}
+        raise SystemExit(f"--reuse {args.reuse}: other settings than this run's (recorded, given): {changed}")
+    runs = [run for run in earlier["runs"] if run["side"] not in args.sides]
+    if any(run["side"] == "rmkit" for run in runs) and earlier.get("rmkit_overrides", []) != args.rmkit_set:
+        raise SystemExit(f"--reuse {args.reuse}: its rmkit side ran with --rmkit-set {earlier.get('rmkit_overrides', [])}, "
+                         f"this run gives {args.rmkit_set}")
+    for run in runs:
+        if not Path(run["model_dir"]).is_dir():
+            raise SystemExit(f"--reuse {args.reuse}: the {run['side']} side's model {run['model_dir']} is gone")
+        print(f"{run['side']:>5}: reused from {args.reuse} (wall {run['wall_s']:.1f} s)", flush=True)
+    return runs
+
+
 def markdown_table(payload: dict) -> str:
     """One row per side (speed, memory, ProcessBench F1 per split and their mean), then rmkit / TRL."""
     head = ["side", "wall (s)", "solutions/s (wall)", "train (s)", "solutions/s (train)", "peak RSS (MiB)",
-            *(f"F1 {s}" for s in SPLITS), "F1 mean"]
+            *(f"F1 {s}" for s in SPLITS), "F1 mean", "step AUC mean"]
     rows = []
 
     def f1(value) -> str:
@@ -444,7 +470,8 @@ def markdown_table(payload: dict) -> str:
         scores = payload["processbench"].get(run["side"], {"splits": {}, "average_f1": None})
         rows.append([run["side"], f"{run['wall_s']:.1f}", f"{run['solutions_per_s_wall']:.3f}", f"{run['train_s']:.1f}",
                      f"{run['solutions_per_s']:.3f}", f"{run['process_peak_rss_mib']:.0f}",
-                     *(f1(scores["splits"].get(s, {}).get("f1")) for s in SPLITS), f1(scores["average_f1"])])
+                     *(f1(scores["splits"].get(s, {}).get("f1")) for s in SPLITS), f1(scores["average_f1"]),
+                     f1(scores.get("average_step_auc"))])
     if "rmkit_over_trl" in payload:
         q = payload["rmkit_over_trl"]
         rows.append(["**rmkit / TRL**", "", f"**{q['wall_speed']:.2f}x**", "", f"{q['train_speed']:.2f}x",
@@ -461,7 +488,8 @@ def main(argv: list[str] | None = None) -> int:
     data = prepare(args)
     print(f"{args.solutions} solutions, {data['labelled_steps']} labelled steps ({data['correct_steps']} correct); "
           f"left out: {data['left_out']}", flush=True)
-    runs = [run_side(args, data, side) for side in args.sides]
+    reused = reused_runs(args) if args.reuse else []  # checked before anything trains
+    runs = sorted([run_side(args, data, side) for side in args.sides] + reused, key=lambda r: SIDES.index(r["side"]))
     scores = {}
     if args.processbench_limit:
         rows = processbench_rows(args.data_dir / "processbench", args.processbench_limit)
@@ -472,7 +500,8 @@ def main(argv: list[str] | None = None) -> int:
             scores[run["side"]]["scoring_s"] = time.perf_counter() - start
             print(f"{run['side']:>5}: ProcessBench F1 " + ", ".join(
                 f"{s} {v['f1']:.3f}" for s, v in scores[run["side"]]["splits"].items() if v["f1"] is not None)
-                + f"; mean {scores[run['side']]['average_f1']} ({scores[run['side']]['scoring_s']:.0f} s to score "
+                + f"; mean {scores[run['side']]['average_f1']}; step AUC mean "
+                f"{scores[run['side']]['average_step_auc']} ({scores[run['side']]['scoring_s']:.0f} s to score "
                 f"{len(rows)} solutions)", flush=True)
     spec = {**settings(args), "base_dir": data["base_dir"], "train_file": data["train_file"], "out_dir": "<side>/run"}
     payload = {

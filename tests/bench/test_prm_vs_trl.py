@@ -141,7 +141,7 @@ def test_command_line_and_both_configs_carry_the_same_settings(tmp_path, capsys)
     assert cfg.prm.step_separator == SEPARATOR and cfg.data.format == "stepwise"
 
 
-@pytest.mark.slow  # ~40 s: two training subprocesses, each importing transformers (and TRL 1.13.0)
+@pytest.mark.slow  # ~60 s: three training subprocesses, each importing transformers (and TRL 1.13.0)
 @pytest.mark.skipif(not prm_vs_trl.TRL_PYTHON.exists(),
                     reason="no .venv-trl113: run benchmarks/setup_trl_env.sh prm for the end-to-end run")
 def test_smoke_run_end_to_end(shared_data, tmp_path):
@@ -165,3 +165,12 @@ def test_smoke_run_end_to_end(shared_data, tmp_path):
         assert math.isfinite(scores["average_f1"])
     assert all(v > 0 for v in payload["rmkit_over_trl"].values())
     assert "| **rmkit / TRL** |" in prm_vs_trl.markdown_table(payload)
+    # one side again, the other reused: its training figures as they were, its saved model scored again (the same)
+    again = tmp_path / "again.json"
+    common = ["--smoke", "--threads", "1", "--data-dir", str(shared_data / "prm"), "--work-dir", str(tmp_path / "work2")]
+    with pytest.raises(SystemExit, match="other settings"):
+        prm_vs_trl.main([*common, "--sides", "rmkit", "--reuse", str(out), "--lr", "0.5", "--output", str(again)])
+    assert prm_vs_trl.main([*common, "--sides", "rmkit", "--reuse", str(out), "--output", str(again)]) == 0
+    second = json.loads(again.read_text())
+    assert [r["side"] for r in second["runs"]] == ["trl", "rmkit"] and second["runs"][0] == payload["runs"][0]
+    assert second["processbench"]["trl"]["splits"] == payload["processbench"]["trl"]["splits"]
