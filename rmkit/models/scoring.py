@@ -63,7 +63,8 @@ def score_sequences(
 
 def _score_sequences(model, sequences, pad_token_id, max_batch_tokens, max_batch_size, min_forwards):
     device = next(model.parameters()).device
-    max_batch_tokens = max_batch_tokens or default_batch_tokens(device)
+    if max_batch_tokens is None:
+        max_batch_tokens = default_batch_tokens(device)
     lengths = [len(s) for s in sequences]
     rewards: list[torch.Tensor | None] = [None] * len(sequences)
     for batch in length_sorted_batches(lengths, max_batch_tokens, max_batch_size):
@@ -94,7 +95,8 @@ def score_positions(
         scores = score_sequences(model, prefixes, pad_token_id, max_batch_tokens, max_batch_size)
         return list(scores.split([len(points) for points in positions]))
     device = next(model.parameters()).device
-    max_batch_tokens = max_batch_tokens or default_batch_tokens(device)
+    if max_batch_tokens is None:
+        max_batch_tokens = default_batch_tokens(device)
     out: list[torch.Tensor | None] = [None] * len(sequences)
     with torch.no_grad(), torch.inference_mode():
         for batch in length_sorted_batches([len(s) for s in sequences], max_batch_tokens, max_batch_size):
