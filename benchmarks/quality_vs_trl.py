@@ -116,7 +116,7 @@ def parse_variant(text: str) -> tuple[str, str, list[str]]:
 def carve_split(args: argparse.Namespace) -> tuple[Path, Path]:
     """hh: `(train_rest.jsonl, eval_dir)`: `--dev-pairs` lines of the training file drawn with `--split-seed`
     go to `eval_dir/dev.jsonl` (with `--final`, hh_harmless_val.jsonl beside it); the rest is for training."""
-    lines = (args.data_dir / "hh_harmless_train.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
+    lines = common.data_file(args.data_dir, "hh_harmless_train.jsonl").read_text(encoding="utf-8").splitlines(keepends=True)
     order = list(range(len(lines)))
     random.Random(args.split_seed).shuffle(order)
     dev = set(order[:args.dev_pairs])
@@ -126,7 +126,7 @@ def carve_split(args: argparse.Namespace) -> tuple[Path, Path]:
     train_path.write_text("".join(line for i, line in enumerate(lines) if i not in dev), encoding="utf-8")
     (eval_dir / "dev.jsonl").write_text("".join(lines[i] for i in sorted(dev)), encoding="utf-8")
     if args.final:
-        shutil.copyfile(args.data_dir / "hh_harmless_val.jsonl", eval_dir / "hh_harmless_val.jsonl")
+        shutil.copyfile(common.data_file(args.data_dir, "hh_harmless_val.jsonl"), eval_dir / "hh_harmless_val.jsonl")
     return train_path, eval_dir
 
 
@@ -134,7 +134,7 @@ def pref_split(args: argparse.Namespace) -> tuple[Path, Path]:
     """pref: `(train.jsonl, eval_dir)`: all of alpacaeval_train.jsonl, or `--train-pairs` of its lines drawn with
     `--split-seed` (kept in file order); `eval_dir` links the dev file and the two out-of-domain files (the
     data stays where it is: its licence keeps it out of the repository)."""
-    lines = (args.data_dir / PREF_TRAIN).read_text(encoding="utf-8").splitlines(keepends=True)
+    lines = pref_file(args.data_dir, PREF_TRAIN).read_text(encoding="utf-8").splitlines(keepends=True)
     if args.train_pairs is not None:
         if not 0 < args.train_pairs <= len(lines):
             raise SystemExit(f"--train-pairs: {args.train_pairs} is not between 1 and {len(lines)}")
@@ -156,7 +156,7 @@ def pref_split(args: argparse.Namespace) -> tuple[Path, Path]:
 
 def pref_file(data_dir: Path, name: str) -> Path:
     """Where one of `PREF_FILES` lives under the data folder (the AlpacaEval files in `pref/`)."""
-    return data_dir / ("pref/" + name if name.startswith("alpacaeval") else name)
+    return common.data_file(data_dir, "pref/" + name if name.startswith("alpacaeval") else name)
 
 
 def pair_facts(path: Path) -> dict:
