@@ -79,7 +79,9 @@ import dataclasses
 import json
 import math
 import os
+import random
 import shutil
+import statistics
 import sys
 import time
 from collections.abc import Sequence
@@ -267,7 +269,34 @@ def processbench(side: str, model_dir: str, rows: list, args: argparse.Namespace
     solutions = [(row.prompt, row.steps) for row in rows]
     rewards = (trl_step_rewards(model_dir, solutions, args.separator, args.max_length) if side == "trl"
                else rmkit_step_rewards(model_dir, solutions))
-    return processbench_scores(rows, rewards, DEFAULT_THRESHOLD)
+    return {**processbench_scores(rows, rewards, DEFAULT_THRESHOLD), "step_rewards": rewards}
+
+
+def paired_difference(rows: list, step_rewards: dict, draws: int = 1000, seed: int = 0) -> dict:
+    """rmkit minus TRL in the mean F1 and the mean step AUC over the splits, each with a bootstrap standard error:
+    `draws` times, each split's erroneous and correct solutions drawn again with replacement (so each split keeps
+    its counts), the same draw for both sides (the difference is paired by solution)."""
+    from rmkit.report.processbench import DEFAULT_THRESHOLD, processbench_scores
+
+    keys = ("average_f1", "average_step_auc")
+
+    def difference(index: list[int]) -> dict:
+        picked = [rows[i] for i in index]
+        rmkit, trl = (processbench_scores(picked, [step_rewards[side][i] for i in index], DEFAULT_THRESHOLD)
+                      for side in ("rmkit", "trl"))
+        return {k: None if rmkit[k] is None or trl[k] is None else rmkit[k] - trl[k] for k in keys}
+
+    strata: dict[tuple, list[int]] = {}
+    for i, row in enumerate(rows):
+        strata.setdefault((row.split, row.label != -1), []).append(i)
+    rng = random.Random(seed)
+    point = difference(list(range(len(rows))))
+    samples = [difference([rng.choice(members) for members in strata.values() for _ in members]) for _ in range(draws)]
+    result = {"draws": draws, "seed": seed}
+    for k in keys:
+        values = [s[k] for s in samples if s[k] is not None]
+        result[k] = {"difference": point[k], "se": statistics.stdev(values) if len(values) > 1 else None}
+    return result
 
 
 # ---------------------------------------------------------------- the two configs
@@ -458,7 +487,8 @@ def reused_runs(args: argparse.Namespace) -> list[dict]:
 
 
 def markdown_table(payload: dict) -> str:
-    """One row per side (speed, memory, ProcessBench F1 per split and their mean), then rmkit / TRL."""
+    """One row per side (speed, memory, ProcessBench F1 per split, their mean, the mean step AUC), then rmkit / TRL
+    and rmkit minus TRL (paired, bootstrap SE)."""
     head = ["side", "wall (s)", "solutions/s (wall)", "train (s)", "solutions/s (train)", "peak RSS (MiB)",
             *(f"F1 {s}" for s in SPLITS), "F1 mean", "step AUC mean"]
     rows = []
@@ -476,6 +506,14 @@ def markdown_table(payload: dict) -> str:
         q = payload["rmkit_over_trl"]
         rows.append(["**rmkit / TRL**", "", f"**{q['wall_speed']:.2f}x**", "", f"{q['train_speed']:.2f}x",
                      f"{q['process_peak_rss']:.2f}x"])
+    if "rmkit_minus_trl" in payload:
+        d = payload["rmkit_minus_trl"]
+
+        def paired(key: str) -> str:
+            value, se = d[key]["difference"], d[key]["se"]
+            return "-" if value is None else f"{value:+.3f} (SE {'-' if se is None else f'{se:.3f}'})"
+
+        rows.append(["rmkit - TRL (paired)", *[""] * (len(head) - 3), paired("average_f1"), paired("average_step_auc")])
     return harness.markdown(head, rows)
 
 
@@ -527,6 +565,8 @@ def main(argv: list[str] | None = None) -> int:
         payload["rmkit_over_trl"] = {"wall_speed": trl["wall_s"] / rmkit["wall_s"],
                                      "train_speed": trl["train_s"] / rmkit["train_s"],
                                      "process_peak_rss": rmkit["process_peak_rss_mib"] / trl["process_peak_rss_mib"]}
+        if scores:
+            payload["rmkit_minus_trl"] = paired_difference(rows, {side: scores[side]["step_rewards"] for side in SIDES})
     common.write_json(args.output, payload)
     print(markdown_table(payload))
     return 0

@@ -4,6 +4,7 @@ exists (benchmarks/setup_trl_env.sh prm), the smoke run end to end."""
 
 import json
 import math
+import random
 import sys
 
 import pytest
@@ -105,6 +106,38 @@ def test_processbench_rows_take_erroneous_and_correct_halves(shared_data):
     for split in prm_vs_trl.SPLITS:
         labels = [row.label for row in rows if row.split == split]
         assert len(labels) == 5 and sum(label == -1 for label in labels) == 2  # ceil(5/2) erroneous, 2 correct
+
+
+def _auc(right: list, wrong: list) -> float:
+    """The step AUC by its definition, pair by pair (the slow reference)."""
+    return sum(1.0 if r > w else 0.5 if r == w else 0.0 for r in right for w in wrong) / (len(right) * len(wrong))
+
+
+def test_paired_difference_is_the_difference_of_the_report_figures_with_a_paired_bootstrap_se():
+    from rmkit.report.processbench import ProcessRow
+
+    rows = [ProcessRow("p", ("a", "b", "c"), label, split, None, None)
+            for split in ("gsm8k", "math") for label in (1, 2, -1, -1, 0)]
+    rng = random.Random(3)
+    rmkit = [[rng.random() for _ in range(3)] for _ in rows]
+    trl = [[rng.random() for _ in range(3)] for _ in rows]
+    result = prm_vs_trl.paired_difference(rows, {"rmkit": rmkit, "trl": trl}, draws=200, seed=1)
+    for rewards, sign in ((rmkit, 1), (trl, -1)):  # the point difference: each side's AUCs by hand, per split
+        for split in ("gsm8k", "math"):
+            members = [(row, r) for row, r in zip(rows, rewards) if row.split == split]
+            right = [p for row, r in members for p in r[:row.label if row.label != -1 else 3]]
+            wrong = [r[row.label] for row, r in members if row.label != -1]
+            result["average_step_auc"]["difference"] -= sign * _auc(right, wrong) / 2
+    assert result["average_step_auc"]["difference"] == pytest.approx(0.0, abs=1e-12)
+    assert result["average_step_auc"]["se"] > 0
+    same = prm_vs_trl.paired_difference(rows, {"rmkit": rmkit, "trl": rmkit}, draws=50)
+    assert same["average_step_auc"] == {"difference": 0.0, "se": 0.0}  # paired: one draw for both sides
+    assert same["average_f1"] == {"difference": 0.0, "se": 0.0}
+    perfect = [[0.9 if row.label == -1 or i < row.label else 0.1 for i in range(3)] for row in rows]
+    inverted = [[1 - p for p in r] for r in perfect]
+    flipped = prm_vs_trl.paired_difference(rows, {"rmkit": perfect, "trl": inverted}, draws=50)
+    assert flipped["average_step_auc"] == {"difference": 1.0, "se": 0.0}  # every draw ranks perfectly, and inverted
+    assert flipped["average_f1"]["difference"] == 1.0  # every first error found and no correct solution flagged
 
 
 def test_command_line_and_both_configs_carry_the_same_settings(tmp_path, capsys):
