@@ -263,7 +263,8 @@ def processbench_rows(directory: Path, limit: int) -> list:
 
 
 def processbench(side: str, model_dir: str, rows: list, args: argparse.Namespace) -> dict:
-    """ProcessBench's scores (`processbench_scores`, threshold 0.5) of one side's saved model on `rows`."""
+    """ProcessBench's scores (`processbench_scores`, threshold 0.5) of one side's saved model on `rows`, and under
+    `step_rewards` the per-solution step probabilities they came from (for `paired_difference`)."""
     from rmkit.report.processbench import DEFAULT_THRESHOLD, processbench_scores
 
     solutions = [(row.prompt, row.steps) for row in rows]

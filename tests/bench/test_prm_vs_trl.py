@@ -122,13 +122,16 @@ def test_paired_difference_is_the_difference_of_the_report_figures_with_a_paired
     rmkit = [[rng.random() for _ in range(3)] for _ in rows]
     trl = [[rng.random() for _ in range(3)] for _ in rows]
     result = prm_vs_trl.paired_difference(rows, {"rmkit": rmkit, "trl": trl}, draws=200, seed=1)
-    for rewards, sign in ((rmkit, 1), (trl, -1)):  # the point difference: each side's AUCs by hand, per split
+    def mean_auc(rewards: list) -> float:  # each split's AUC by hand, then their mean
+        aucs = []
         for split in ("gsm8k", "math"):
             members = [(row, r) for row, r in zip(rows, rewards) if row.split == split]
             right = [p for row, r in members for p in r[:row.label if row.label != -1 else 3]]
             wrong = [r[row.label] for row, r in members if row.label != -1]
-            result["average_step_auc"]["difference"] -= sign * _auc(right, wrong) / 2
-    assert result["average_step_auc"]["difference"] == pytest.approx(0.0, abs=1e-12)
+            aucs.append(_auc(right, wrong))
+        return sum(aucs) / len(aucs)
+
+    assert result["average_step_auc"]["difference"] == pytest.approx(mean_auc(rmkit) - mean_auc(trl), abs=1e-12)
     assert result["average_step_auc"]["se"] > 0
     same = prm_vs_trl.paired_difference(rows, {"rmkit": rmkit, "trl": rmkit}, draws=50)
     assert same["average_step_auc"] == {"difference": 0.0, "se": 0.0}  # paired: one draw for both sides
