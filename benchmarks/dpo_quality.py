@@ -157,7 +157,7 @@ def final_report(args, chosen: dict, policy_dir: Path, tokenizer) -> dict:
     from rmkit.data.prompts import load_prompts
     from rmkit.env import RewardModelEnvironment
 
-    val_file = args.data_dir / "hh_harmless_val.jsonl"
+    val_file = common.data_file(args.data_dir, "hh_harmless_val.jsonl")
     count = sum(1 for line in val_file.read_text(encoding="utf-8").splitlines() if line.strip())
     pairs = dpo_vs_trl.tokenized_pairs(val_file, args.work_dir / "val.jsonl", tokenizer, max_length(args), count)
     ref = reference_sums(args, "val-reference", policy_dir, pairs)

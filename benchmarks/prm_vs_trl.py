@@ -242,16 +242,16 @@ def rmkit_step_rewards(model_dir: str | Path, solutions: Sequence[tuple[str, Seq
     return [r.step_rewards for r in load_scorer(model_dir).score_steps(solutions)]
 
 
-def processbench_rows(directory: Path, limit: int) -> list:
+def processbench_rows(data_dir: Path, limit: int) -> list:
     """The first ceil(limit / 2) erroneous and first floor(limit / 2) correct solutions of each ProcessBench split
-    (`ProcessRow`s, in file order): its files list the erroneous ones first."""
+    in `data_dir/processbench/` (`ProcessRow`s, in file order): its files list the erroneous ones first."""
     from rmkit.report.layouts import records_or_raise
     from rmkit.report.processbench import parse_row
 
     rows = []
     for split in SPLITS:
         wanted = {True: math.ceil(limit / 2), False: limit // 2}  # erroneous?
-        for record in records_or_raise(str(directory / f"{split}.json")):
+        for record in records_or_raise(str(common.data_file(data_dir, f"processbench/{split}.json"))):
             row = parse_row(record, split)
             erroneous = row.label != -1
             if wanted[erroneous]:
@@ -429,7 +429,7 @@ def prepare(args: argparse.Namespace) -> dict:
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
     base = tiny_base(work / "tiny", args.seed) if args.smoke else common.export_policy_dir("smollm2", work / "base")
-    loaded = load_step_data(args.data_dir / "prm800k" / "phase1_train.parquet", ambiguous="drop",
+    loaded = load_step_data(common.data_file(args.data_dir, "prm800k/phase1_train.parquet"), ambiguous="drop",
                             step_separator=args.separator, on_error="skip")
     selected = select_solutions(loaded.records, AutoTokenizer.from_pretrained(base), args.solutions, args.max_length,
                                 args.separator)
@@ -531,7 +531,7 @@ def main(argv: list[str] | None = None) -> int:
     runs = sorted([run_side(args, data, side) for side in args.sides] + reused, key=lambda r: SIDES.index(r["side"]))
     scores = {}
     if args.processbench_limit:
-        rows = processbench_rows(args.data_dir / "processbench", args.processbench_limit)
+        rows = processbench_rows(args.data_dir, args.processbench_limit)
         torch.set_num_threads(args.threads)
         for run in runs:
             start = time.perf_counter()

@@ -73,7 +73,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def training_file(args: argparse.Namespace) -> Path:
     """The HH training file, or its first `--pairs` lines in the work directory."""
-    source = args.data_dir / "hh_harmless_train.jsonl"
+    source = common.data_file(args.data_dir, "hh_harmless_train.jsonl")
     if not args.pairs:
         return source
     subset = args.work_dir / f"hh_harmless_train_first{args.pairs}.jsonl"
@@ -108,7 +108,7 @@ def held_out_accuracy(args: argparse.Namespace, model_dir: str) -> dict[str, flo
     """Pairwise accuracy of `model_dir` on each held-out file, at `--eval-max-length` tokens per input."""
     return {
         file_name: common.pairwise_accuracy(
-            Path(model_dir), common.load_pairs(args.data_dir / file_name, args.eval_pairs), args.eval_max_length
+            Path(model_dir), common.load_pairs(common.data_file(args.data_dir, file_name), args.eval_pairs), args.eval_max_length
         )
         for file_name in EVAL_FILES
     }

@@ -91,7 +91,7 @@ def prepare(work: Path, sequences: int, policy: str, data_dir: Path) -> dict:
 
     model_dir = common.export_policy_dir(policy, work / "model")
     tokenizer = load_tokenizer(model_dir)
-    source = data_dir / "hh_harmless_train.jsonl"
+    source = common.data_file(data_dir, "hh_harmless_train.jsonl")
     lines = source.read_text().splitlines()[:sequences]
     (work / "train.jsonl").write_text("".join(line + "\n" for line in lines))
     demos = tokenize_demonstrations(load_demonstrations(work / "train.jsonl").records, tokenizer, MAX_LENGTH).items

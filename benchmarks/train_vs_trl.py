@@ -130,7 +130,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.micro_batch_size = args.micro_batch_size or args.batch_size
     if args.batch_size % args.micro_batch_size:
         parser.error("--batch-size must be a multiple of --micro-batch-size")
-    args.train_file = args.train_file or args.data_dir / "hh_harmless_train.jsonl"
+    args.train_file = args.train_file or common.data_file(args.data_dir, "hh_harmless_train.jsonl")
     args.eval_dir = args.eval_dir or args.data_dir
     args.work_dir = args.work_dir or Path(f"/tmp/rmkit-bench-{args.workload}")
     suffix = "" if args.workload == "minilm" else f"_{args.workload}"

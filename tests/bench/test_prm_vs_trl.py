@@ -102,7 +102,7 @@ def test_trl_scorer_reads_softmax_label_1_at_each_separator(tokenizer, tmp_path)
 
 
 def test_processbench_rows_take_erroneous_and_correct_halves(shared_data):
-    rows = prm_vs_trl.processbench_rows(shared_data / "prm" / "processbench", 5)
+    rows = prm_vs_trl.processbench_rows(shared_data / "prm", 5)
     for split in prm_vs_trl.SPLITS:
         labels = [row.label for row in rows if row.split == split]
         assert len(labels) == 5 and sum(label == -1 for label in labels) == 2  # ceil(5/2) erroneous, 2 correct
