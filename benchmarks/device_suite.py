@@ -345,7 +345,8 @@ def section_score(args, results: dict) -> dict:
     sizes = ["--pairs", "8", "--batch-sizes", "1,4", "--repeats", "1"] if args.tiny else \
         ["--pairs", "256", "--batch-sizes", "1,64", "--repeats", "2"]
     argv = ["--device", args.device, "--threads", str(args.threads), "--model", str(model), "--precision", "bf16",
-            "--data", str(common.data_file(args.data_dir, "hh_harmless_val.jsonl")), *sizes, "--output", str(args.work_dir / "score.json")]
+            "--data", str(common.data_file(args.data_dir, "hh_harmless_val.jsonl")), *sizes,
+            "--output", str(args.work_dir / "score.json")]
     status = score_throughput.main(argv)
     raw = json.loads((args.work_dir / "score.json").read_text())
     summary = {name: {**value, "mfu": mfu(value["mfu"] * raw["matmul_peak_flops"], setup)}

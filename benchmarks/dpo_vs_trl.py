@@ -235,11 +235,11 @@ def prepare(args: argparse.Namespace) -> dict:
     work.mkdir(parents=True, exist_ok=True)
     policy_dir = common.export_policy_dir(args.policy, work / "policy")
     tokenizer = load_tokenizer(policy_dir)
-    train = tokenized_pairs(common.data_file(args.data_dir, "hh_harmless_train.jsonl"), work / "train.jsonl", tokenizer,
-                            args.max_length, args.pairs)
+    train = tokenized_pairs(common.data_file(args.data_dir, "hh_harmless_train.jsonl"), work / "train.jsonl",
+                            tokenizer, args.max_length, args.pairs)
     (work / "train_ids.json").write_text(json.dumps(train))
-    held_out = (tokenized_pairs(common.data_file(args.data_dir, "hh_harmless_val.jsonl"), work / "held_out.jsonl", tokenizer,
-                                args.max_length, args.eval_pairs) if args.eval_pairs else [])
+    held_out = (tokenized_pairs(common.data_file(args.data_dir, "hh_harmless_val.jsonl"), work / "held_out.jsonl",
+                                tokenizer, args.max_length, args.eval_pairs) if args.eval_pairs else [])
     rows = sum(2 * len(p["prompt_ids"]) + len(p["chosen_ids"]) + len(p["rejected_ids"]) for p in train)
     return {"policy_dir": str(policy_dir), "pairs_jsonl": str(work / "train.jsonl"),
             "pairs_ids": str(work / "train_ids.json"), "token_digest": token_digest(train), "held_out": held_out,

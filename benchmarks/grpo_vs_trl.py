@@ -242,11 +242,12 @@ def prepare(args: argparse.Namespace) -> dict:
     reward_model = args.reward_model or common.export_reward_model(common.minilm_path(), work / "reward_model", args.seed)
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     budget = args.max_length - args.max_new_tokens
-    train = select_prompts(common.data_file(args.data_dir, "hh_harmless_train.jsonl"), tokenizer, args.prompts * args.steps, budget)
+    train = select_prompts(common.data_file(args.data_dir, "hh_harmless_train.jsonl"), tokenizer,
+                           args.prompts * args.steps, budget)
     prompts_file = work / "prompts.jsonl"
     prompts_file.write_text("".join(json.dumps({"messages": m}) + "\n" for m in train))
-    held_out = (select_prompts(common.data_file(args.data_dir, "hh_harmless_val.jsonl"), tokenizer, args.eval_prompts, budget)
-                if args.eval_prompts else [])
+    held_out = (select_prompts(common.data_file(args.data_dir, "hh_harmless_val.jsonl"), tokenizer,
+                               args.eval_prompts, budget) if args.eval_prompts else [])
     return {"policy_dir": str(policy_dir), "reward_model": str(Path(reward_model).resolve()),
             "prompts_file": str(prompts_file), "held_out": held_out}
 

@@ -375,12 +375,13 @@ def prepare(args: argparse.Namespace) -> dict:
     policy_dir = common.export_policy_dir(policy, work / "policy")
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
     budget = args.max_length - args.max_new_tokens
-    train = select_prompts(common.data_file(args.data_dir, "hh_harmless_train.jsonl"), tokenizer, args.prompts * args.steps, budget)
+    train = select_prompts(common.data_file(args.data_dir, "hh_harmless_train.jsonl"), tokenizer,
+                           args.prompts * args.steps, budget)
     prompts_file, prompt_ids_file = work / "prompts.jsonl", work / "prompt_ids.json"
     prompts_file.write_text("".join(json.dumps({"messages": m}) + "\n" for m in train))
     prompt_ids_file.write_text(json.dumps([render_prompt(tokenizer, m) for m in train]))
-    held_out = (select_prompts(common.data_file(args.data_dir, "hh_harmless_val.jsonl"), tokenizer, args.eval_prompts, budget)
-                if args.eval_prompts else [])
+    held_out = (select_prompts(common.data_file(args.data_dir, "hh_harmless_val.jsonl"), tokenizer,
+                               args.eval_prompts, budget) if args.eval_prompts else [])
     return {"policy_dir": str(policy_dir), "reward_model": str(Path(reward_model).resolve()),
             "prompts_file": str(prompts_file), "prompt_ids_file": str(prompt_ids_file), "held_out": held_out}
 
@@ -483,8 +484,8 @@ def rescore(argv: list[str]) -> None:
                              f"{args.results[0]}'s {first}; rescore them separately")
     _, reward_model, max_length, max_new_tokens = first
     policy_dir = payloads[args.results[0]]["configs"]["rmkit"]["policy"]["model_name"]  # the first run's export
-    prompts = select_prompts(common.data_file(args.data_dir, "hh_harmless_val.jsonl"), AutoTokenizer.from_pretrained(policy_dir),
-                             args.eval_prompts, max_length - max_new_tokens)
+    prompts = select_prompts(common.data_file(args.data_dir, "hh_harmless_val.jsonl"),
+                             AutoTokenizer.from_pretrained(policy_dir), args.eval_prompts, max_length - max_new_tokens)
 
     def scored_on_these_prompts(payload: dict) -> dict[str, dict]:  # by policy directory
         directories = {"initial": payload["configs"]["rmkit"]["policy"]["model_name"],

@@ -429,8 +429,8 @@ def prepare(args: argparse.Namespace) -> dict:
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
     base = tiny_base(work / "tiny", args.seed) if args.smoke else common.export_policy_dir("smollm2", work / "base")
-    loaded = load_step_data(common.data_file(args.data_dir, "prm800k/phase1_train.parquet"), ambiguous="drop",
-                            step_separator=args.separator, on_error="skip")
+    loaded = load_step_data(common.data_file(args.data_dir, "prm800k/phase1_train.parquet"),
+                            ambiguous="drop", step_separator=args.separator, on_error="skip")
     selected = select_solutions(loaded.records, AutoTokenizer.from_pretrained(base), args.solutions, args.max_length,
                                 args.separator)
     train_file = work / "train.jsonl"

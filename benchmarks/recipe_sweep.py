@@ -108,7 +108,8 @@ def held_out_accuracy(args: argparse.Namespace, model_dir: str) -> dict[str, flo
     """Pairwise accuracy of `model_dir` on each held-out file, at `--eval-max-length` tokens per input."""
     return {
         file_name: common.pairwise_accuracy(
-            Path(model_dir), common.load_pairs(common.data_file(args.data_dir, file_name), args.eval_pairs), args.eval_max_length
+            Path(model_dir), common.load_pairs(common.data_file(args.data_dir, file_name), args.eval_pairs),
+            args.eval_max_length
         )
         for file_name in EVAL_FILES
     }

@@ -130,7 +130,8 @@ def run_precision(args: argparse.Namespace, precision: str) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     steps = args.warmup_steps + args.timed_steps + args.active_steps
     overrides = [
-        f"data.train_data_path={common.data_file(args.data_dir, 'hh_harmless_train.jsonl')}", "data.val_data_paths={}",
+        f"data.train_data_path={common.data_file(args.data_dir, 'hh_harmless_train.jsonl')}",
+        "data.val_data_paths={}",
         f"rm.max_num_steps={steps}", "rm.val_at_start=false", "rm.val_at_end=false", "rm.val_period=0",
         "checkpointing.enabled=false", f"checkpointing.checkpoint_dir={run_dir / 'out'}",
         "logger.tensorboard=false", "logger.plots=false", "logger.progress_bar=false",
