@@ -178,11 +178,24 @@ def one_run(args, train_path: Path, eval_dir: Path, files: list[str], seed: int,
     `prepared` caches train_vs_trl's `prepare` per seed (the exported backbone, the tokenized pairs, the
     held-out pairs: the same for every variant of a seed)."""
     label, side, overrides = variant
+    run_args = train_vs_trl_args(args, train_path, eval_dir, files, seed, variant)
+    if seed not in prepared:
+        prepared[seed] = train_vs_trl.prepare(run_args)
+    data = prepared[seed]
+    result = train_vs_trl.run_once(run_args, data, side, "fp32", 0)
+    result.update(variant=label, seed=seed, overrides=overrides)
+    return result
+
+
+def train_vs_trl_args(args, train_path: Path, eval_dir: Path, files: list[str], seed: int,
+                      variant: tuple[str, str, list[str]]) -> argparse.Namespace:
+    """train_vs_trl.py's arguments for one run of this study: every pair of `train_path` and of the scored files."""
+    label, side, overrides = variant
     argv = ["--train-file", str(train_path), "--eval-dir", str(eval_dir), "--eval-files", ",".join(files),
             "--workload", args.workload, "--max-length", str(args.max_length),
             "--epochs", str(args.epochs), "--seed", str(seed), "--precision", "fp32", "--sides", side,
             "--batch-size", str(args.batch_size), "--threads", str(args.threads),
-            "--eval-pairs", str(10**9),  # every held-out pair, whatever the workload's default
+            "--pairs", str(10**9), "--eval-pairs", str(10**9),  # every pair, whatever the workload's defaults
             "--work-dir", str(args.work_dir / f"seed-{seed}"),
             *(["--micro-batch-size", str(args.micro_batch_size)] if args.micro_batch_size else []),
             *(["--head-seed", str(args.head_seed)] if args.head_seed is not None else []),
@@ -191,13 +204,7 @@ def one_run(args, train_path: Path, eval_dir: Path, files: list[str], seed: int,
         argv += ["--keep-model", str(args.keep_models / f"{label}-seed{seed}")]
     for override in overrides:
         argv += ["--rmkit-override", override]
-    run_args = train_vs_trl.parse_args(argv)
-    if seed not in prepared:
-        prepared[seed] = train_vs_trl.prepare(run_args)
-    data = prepared[seed]
-    result = train_vs_trl.run_once(run_args, data, side, "fp32", 0)
-    result.update(variant=label, seed=seed, overrides=overrides)
-    return result
+    return train_vs_trl.parse_args(argv)
 
 
 def reusable_runs(paths: Sequence[Path], files: list[str], setting: dict | None = None) -> dict[tuple, dict]:

@@ -261,6 +261,17 @@ def test_quality_paired_comparison_against_hand_computed_values():
     assert parse_variant("random:data.batching=random+rm.seed=3") == ("random", "rmkit", ["data.batching=random", "rm.seed=3"])
 
 
+def test_every_workload_trains_and_scores_every_pair(tmp_path):
+    """A study's run reads all of its training file and scored files, whatever train_vs_trl's workload default
+    (SmolLM2's: the first 32 training pairs, 100 scored; a SmolLM2 study once trained on 32 of 2,000 pairs)."""
+    from benchmarks.quality_vs_trl import parse_args, train_vs_trl_args
+
+    for workload in ("minilm", "smollm2"):
+        study = parse_args(["--workload", workload, "--work-dir", str(tmp_path)])
+        run = train_vs_trl_args(study, tmp_path / "train.jsonl", tmp_path, ["dev.jsonl"], 1, ("rmkit", "rmkit", []))
+        assert run.workload == workload and run.pairs >= 11066 and run.eval_pairs >= 11066
+
+
 def test_two_studies_compare_pair_by_pair_on_their_common_seeds():
     """`compare`: OTHER minus BASE per variant and file, over the seeds both hold, clustered by prompt; studies of
     different draws are refused."""
