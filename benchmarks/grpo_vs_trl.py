@@ -233,6 +233,20 @@ def select_prompts(path: Path, tokenizer, count: int, budget: int) -> list[list[
     raise SystemExit(f"{path}: only {len(chosen)} prompts fit in {budget} tokens, {count} needed")
 
 
+def prompt_sets(args: argparse.Namespace, tokenizer, work: Path) -> tuple[list[list[dict]], Path, list[list[dict]]]:
+    """`(train, prompts_file, held_out)`: `--prompts` x `--steps` training prompts from hh_harmless_train (also
+    written to `work/prompts.jsonl` as `{"messages": ...}` records) and `--eval-prompts` held-out ones from
+    hh_harmless_val, each fitting `--max-length` minus `--max-new-tokens` tokens (the PPO benchmark's too)."""
+    budget = args.max_length - args.max_new_tokens
+    train = select_prompts(common.data_file(args.data_dir, "hh_harmless_train.jsonl"), tokenizer,
+                           args.prompts * args.steps, budget)
+    prompts_file = work / "prompts.jsonl"
+    prompts_file.write_text("".join(json.dumps({"messages": m}) + "\n" for m in train))
+    held_out = (select_prompts(common.data_file(args.data_dir, "hh_harmless_val.jsonl"), tokenizer,
+                               args.eval_prompts, budget) if args.eval_prompts else [])
+    return train, prompts_file, held_out
+
+
 def prepare(args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
 
@@ -241,13 +255,7 @@ def prepare(args: argparse.Namespace) -> dict:
     policy_dir = common.export_policy_dir(args.policy, work / "policy")
     reward_model = args.reward_model or common.export_reward_model(common.minilm_path(), work / "reward_model", args.seed)
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
-    budget = args.max_length - args.max_new_tokens
-    train = select_prompts(common.data_file(args.data_dir, "hh_harmless_train.jsonl"), tokenizer,
-                           args.prompts * args.steps, budget)
-    prompts_file = work / "prompts.jsonl"
-    prompts_file.write_text("".join(json.dumps({"messages": m}) + "\n" for m in train))
-    held_out = (select_prompts(common.data_file(args.data_dir, "hh_harmless_val.jsonl"), tokenizer,
-                               args.eval_prompts, budget) if args.eval_prompts else [])
+    _, prompts_file, held_out = prompt_sets(args, tokenizer, work)
     return {"policy_dir": str(policy_dir), "reward_model": str(Path(reward_model).resolve()),
             "prompts_file": str(prompts_file), "held_out": held_out}
 

@@ -366,7 +366,7 @@ def tiny_models(directory: Path, seed: int) -> tuple[str, str]:
 def prepare(args: argparse.Namespace) -> dict:
     from transformers import AutoTokenizer
 
-    from benchmarks.grpo_vs_trl import select_prompts
+    from benchmarks.grpo_vs_trl import prompt_sets
     from rmkit.data.tokenize import render_prompt
 
     work = args.work_dir
@@ -374,14 +374,9 @@ def prepare(args: argparse.Namespace) -> dict:
     policy, reward_model = tiny_models(work / "tiny", args.seed) if args.smoke else (args.policy, args.reward_model)
     policy_dir = common.export_policy_dir(policy, work / "policy")
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
-    budget = args.max_length - args.max_new_tokens
-    train = select_prompts(common.data_file(args.data_dir, "hh_harmless_train.jsonl"), tokenizer,
-                           args.prompts * args.steps, budget)
-    prompts_file, prompt_ids_file = work / "prompts.jsonl", work / "prompt_ids.json"
-    prompts_file.write_text("".join(json.dumps({"messages": m}) + "\n" for m in train))
+    train, prompts_file, held_out = prompt_sets(args, tokenizer, work)
+    prompt_ids_file = work / "prompt_ids.json"
     prompt_ids_file.write_text(json.dumps([render_prompt(tokenizer, m) for m in train]))
-    held_out = (select_prompts(common.data_file(args.data_dir, "hh_harmless_val.jsonl"), tokenizer,
-                               args.eval_prompts, budget) if args.eval_prompts else [])
     return {"policy_dir": str(policy_dir), "reward_model": str(Path(reward_model).resolve()),
             "prompts_file": str(prompts_file), "prompt_ids_file": str(prompt_ids_file), "held_out": held_out}
 

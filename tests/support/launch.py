@@ -32,7 +32,10 @@ def start_torchrun(args: list[str], env: dict, nproc: int = 2) -> subprocess.Pop
         sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
         "--master-addr", "127.0.0.1", "--master-port", str(free_port()), *args,
     ]  # fmt: skip
-    env = {**env, "CUDA_VISIBLE_DEVICES": ""}  # gloo processes on the CPU, also where a GPU is visible
+    # gloo processes on the CPU, also where a GPU is visible. PYTHONFAULTHANDLER: a rank that dies of a signal
+    # prints every thread's Python stack to the stderr a failing test shows (one 2-rank CI run in many aborted at
+    # exit with "terminate called without an active exception", and nothing said where).
+    env = {**env, "CUDA_VISIBLE_DEVICES": "", "PYTHONFAULTHANDLER": "1"}
     return subprocess.Popen(
         cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
     )
