@@ -137,12 +137,33 @@ def tree_inputs(model: torch.nn.Module, layout: TreeLayout, pad_token_id: int) -
     return inputs, where.to(device)
 
 
-def tree_values(forward: torch.nn.Module, model: torch.nn.Module, sequences: Sequence[Sequence[int]],
+# The trees go through the decoder only where they are estimated at most this share of the padded forward's work:
+# at equal work the trees' path measured slower (its per-tree attention calls).
+TREE_MARGIN = 0.9
+
+
+def tree_pays(layout: TreeLayout, model: torch.nn.Module) -> bool:
+    """Whether `layout`'s trees are estimated to cost at most `TREE_MARGIN` of the padded forward of its sequences
+    through `model` (a transformers decoder). The estimate counts multiply-adds: the non-embedding parameters twice
+    per token through the model, and 4 x hidden size x layers per (query, key) pair attended, where each tree, like
+    each padded row, attends densely (`tree_mask`). Sharing pays when the sequences share much of their length
+    (PRM800K's branches); a short common beginning (a chat template's) in long sequences makes one wide tree whose
+    attention costs more than the repeated tokens saved (SmolLM2's shape, 8 sequences of 300 tokens sharing 20:
+    the tree 1.8x slower than the padded rows; sharing 150: 0.77x)."""
+    per_token = 2 * model.num_parameters(exclude_embeddings=True)
+    per_pair = 4 * model.config.hidden_size * model.config.num_hidden_layers
+    longest = max(map(len, layout.index))
+    padded = len(layout.index) * longest * (per_token + per_pair * longest)
+    trees = sum((end - start) * (per_token + per_pair * (end - start)) for start, end in layout.trees)
+    return trees <= TREE_MARGIN * padded
+
+
+def tree_values(forward: torch.nn.Module, model: torch.nn.Module, layout: TreeLayout,
                 pad_token_id: int) -> torch.Tensor:
-    """`[S, L]`: `forward`'s per-position output (`rmkit.models.critic.TokenValues`, or DDP around it) for each of
-    `sequences` (right-padded to the longest; padding positions arbitrary), each shared beginning computed once.
-    `model` is the transformers decoder inside `forward`."""
-    inputs, where = tree_inputs(model, tree_layout(sequences), pad_token_id)
+    """`[S, L]`: `forward`'s per-position output (`rmkit.models.critic.TokenValues`, or DDP around it) for each
+    sequence of `layout` (`tree_layout`; right-padded to the longest, padding positions arbitrary), each shared
+    beginning computed once. `model` is the transformers decoder inside `forward`."""
+    inputs, where = tree_inputs(model, layout, pad_token_id)
     with grouped_attention(model, inputs):
         values = forward(**inputs)
     return values[where[0], where[1]]

@@ -568,12 +568,16 @@ class PRMLoopConfig(LoopConfig):
     aggregation: Literal["min", "prod", "last"] = "min"
     """How the exported model's step probabilities make one reward for a solution (written to the scoring
     contract): the lowest, their product, or the last step's."""
-    share_prefixes: bool = False
+    share_prefixes: bool | Literal["auto"] = "auto"
     """A decoder computes the beginning that solutions of a micro-batch share once (`rmkit.models.prefix_tree`):
     the same values and gradients within float rounding, fewer tokens through the model. It pays when batches hold
     solutions of one problem: the shipped length-grouped batches hold many (PRM800K's branch after every step;
     1.57x faster, the same optimizer steps), `data.batching: prefix_grouped` more (but a changed data order).
-    Encoders (a row per step) share nothing this way and are refused."""
+    `auto`: a decoder's micro-batches are cut in token order and each goes through its prefix tree where that is
+    estimated cheaper than its padded rows (`rmkit.models.prefix_tree.tree_pays`: solutions that share only a short
+    beginning would make one wide tree whose attention costs more), an encoder's as without; `true`: every
+    micro-batch through its tree (an encoder, a row per step, shares nothing this way and is refused); `false`:
+    none."""
     val_batches: int | None = None
     """Validate on at most this many batches of `val_global_batch_size` solutions per set; None: all."""
     val_global_batch_size: int = 32

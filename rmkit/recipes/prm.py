@@ -15,7 +15,7 @@ a step's score means and how the steps make one reward (`prm.aggregation`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -24,7 +24,7 @@ from rmkit import distributed as dist
 from rmkit.data.step_tokenize import StepIds, prefix_rows
 from rmkit.errors import ConfigError
 from rmkit.inference import contract_for
-from rmkit.models.prefix_tree import tree_values
+from rmkit.models.prefix_tree import tree_layout, tree_pays, tree_values
 from rmkit.models.setup import (
     autocast,
     load_training_classifier,
@@ -82,53 +82,64 @@ def _device_batch(micro, pad_token_id: int, device: torch.device) -> dict[str, t
     return {k: v.to(device, non_blocking=True) for k, v in collate(micro or _placeholder(pad_token_id), pad_token_id).items()}
 
 
+@dataclass(frozen=True)
+class PrefixSharing:
+    """`prm.share_prefixes` where the forward runs: `decoder`, the transformers decoder inside the forward, computes
+    what a micro-batch's solutions share once; `always` (`true`) sends every micro-batch through its prefix tree,
+    else (`auto`) only those whose tree is estimated cheaper than their padded rows (`tree_pays`)."""
+
+    decoder: torch.nn.Module
+    always: bool
+
+
 def prm_step(forward: torch.nn.Module, items: Sequence[StepIds], micro_size: int, pad_token_id: int,
-             precision: str, device: torch.device, shared_in: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
+             precision: str, device: torch.device, sharing: PrefixSharing | None = None) -> dict[str, torch.Tensor]:
     """Forward/backward of this rank's share `items` of a global batch (solutions, or an encoder's prefix rows)
     through `forward` (`rmkit.models.step_values`'s module, or DDP around it); returns the global batch's `loss`
     (mean BCE per labelled step) and `step_acc` as 0-dim device tensors; gradients are left in `.grad`. With
-    `shared_in` (the decoder inside `forward`: `prm.share_prefixes`), the micro-batches take neighbours in token
-    order and each computes what its solutions share once (`rmkit.models.prefix_tree`)."""
+    `sharing` (`prm.share_prefixes`), the micro-batches take neighbours in token order and compute what their
+    solutions share once (`rmkit.models.prefix_tree`)."""
     global_steps = dist.all_reduce_sum(torch.tensor(float(sum(len(i.positions) for i in items)), device=device))
 
     def run_micro(micro):
         batch = _device_batch(micro, pad_token_id, device)
         with autocast(precision, device):
-            logits = _step_logits(forward, micro, batch, pad_token_id, shared_in)
+            logits = _step_logits(forward, micro, batch, pad_token_id, sharing)
         bce, correct = step_losses(logits, batch)
         return bce / global_steps, {"loss": (bce / global_steps).detach(), "correct": correct.detach()}
 
-    totals = accumulate_batch(forward, items, micro_size, _micro_order(shared_in), run_micro, ["loss", "correct"])
+    totals = accumulate_batch(forward, items, micro_size, _micro_order(sharing), run_micro, ["loss", "correct"])
     return {"loss": totals["loss"], "step_acc": totals["correct"] / global_steps}
 
 
-def _step_logits(forward, micro, batch, pad_token_id: int, shared_in) -> torch.Tensor:
-    """The head's logit at every position of the micro-batch's rows, `[B, S]` float32: one padded forward, or with
-    `shared_in` (the decoder inside `forward`) the rows' token trie, what they share computed once."""
-    if shared_in is None:
-        return forward(batch["input_ids"], batch["attention_mask"]).float()
-    return tree_values(forward, shared_in, [i.input_ids for i in micro or _placeholder(pad_token_id)],
-                       pad_token_id).float()
+def _step_logits(forward, micro, batch, pad_token_id: int, sharing: PrefixSharing | None) -> torch.Tensor:
+    """The head's logit at every position of the micro-batch's rows, `[B, S]` float32: one padded forward, or as
+    `sharing` says the rows' token trie, what they share computed once."""
+    if sharing is not None:
+        layout = tree_layout([i.input_ids for i in micro or _placeholder(pad_token_id)])
+        if sharing.always or tree_pays(layout, sharing.decoder):
+            return tree_values(forward, sharing.decoder, layout, pad_token_id).float()
+    return forward(batch["input_ids"], batch["attention_mask"]).float()
 
 
-def _micro_order(shared_in) -> Callable[[StepIds], object]:
+def _micro_order(sharing: PrefixSharing | None) -> Callable[[StepIds], object]:
     """How a batch's solutions are sorted into micro-batches: by the ids themselves when sharing prefixes (solutions
     that begin alike fall in one micro-batch), else the longest first (each pads to its own longest)."""
-    return (lambda i: i.input_ids) if shared_in is not None else (lambda i: i.length)
+    return (lambda i: i.input_ids) if sharing is not None else (lambda i: i.length)
 
 
 @torch.no_grad()
 def evaluate(forward: torch.nn.Module, items: Sequence[StepIds], micro_size: int, pad_token_id: int,
-             precision: str, device: torch.device, shared_in: torch.nn.Module | None = None) -> dict[str, float]:
+             precision: str, device: torch.device, sharing: PrefixSharing | None = None) -> dict[str, float]:
     """`loss` (mean BCE per labelled step), `step_acc` and `num_steps` of a validation set, each rank scoring its
-    shard and the sums all-reduced; `shared_in` as in `prm_step`."""
+    shard and the sums all-reduced; `sharing` as in `prm_step`."""
     was_training = forward.training
     forward.eval()
     sums = torch.zeros(3, device=device)  # bce, correct, labelled steps
-    for micro in plan_micro_batches(dist.shard(items), micro_size, forward, _micro_order(shared_in)):
+    for micro in plan_micro_batches(dist.shard(items), micro_size, forward, _micro_order(sharing)):
         batch = _device_batch(micro, pad_token_id, device)
         with autocast(precision, device):
-            logits = _step_logits(forward, micro, batch, pad_token_id, shared_in)
+            logits = _step_logits(forward, micro, batch, pad_token_id, sharing)
         sums += torch.stack([*step_losses(logits, batch), batch["step_mask"].sum()])
     forward.train(was_training)
     bce, correct, steps = dist.all_reduce_sum(sums).tolist()
@@ -136,15 +147,15 @@ def evaluate(forward: torch.nn.Module, items: Sequence[StepIds], micro_size: int
 
 
 def run_validation(cfg: PRMTree, forward, pad_token_id: int, val: dict[str, list], logger, step: int,
-                   rows: Callable[[list], list] = list, shared_in: torch.nn.Module | None = None) -> dict:
+                   rows: Callable[[list], list] = list, sharing: PrefixSharing | None = None) -> dict:
     """Every set's `validation-<name>/{loss, step_acc, num_steps}`, logged; `rows` makes the solutions the rows the
-    model reads (an encoder's: `prefix_rows`); `shared_in` as in `prm_step`."""
+    model reads (an encoder's: `prefix_rows`); `sharing` as in `prm_step`."""
     prm, device = cfg.prm, next(forward.parameters()).device
     limit = prm.val_batches * prm.val_global_batch_size if prm.val_batches else None
     metrics = {}
     for name, items in val.items():
         result = evaluate(forward, rows(items[:limit]), prm.val_micro_batch_size, pad_token_id, cfg.policy.precision,
-                          device, shared_in)
+                          device, sharing)
         metrics.update({f"validation-{name}/{k}": v for k, v in result.items()})
     logger.log(metrics, step)
     return metrics
@@ -166,9 +177,10 @@ def train(cfg: PRMTree) -> RunResult:
     # --- model and data (tokenized once)
     model, tokenizer = load_model(cfg, device)
     rows = prefix_rows if scores_each_prefix(model) else list  # an encoder: a row per step (rmkit.models.step_values)
-    if cfg.prm.share_prefixes and scores_each_prefix(model):
+    if cfg.prm.share_prefixes is True and scores_each_prefix(model):
         raise ConfigError("prm.share_prefixes", f"{cfg.policy.model_name} is an encoder: it reads each step as a row "
-                          "of its own, with nothing computed once; set prm.share_prefixes=false (or train a decoder)")
+                          "of its own, with nothing computed once; set prm.share_prefixes to auto or false (or train "
+                          "a decoder)")
     if cfg.policy.dtensor_cfg.enabled:  # FSDP2 under torchrun: shard the model in place (gradients summed)
         shard_reward_model(model, cfg.policy, run.info)
         forward = step_values(model)
@@ -179,11 +191,12 @@ def train(cfg: PRMTree) -> RunResult:
     # --- sampler, optimizer, schedule, state
     state, steps = sampled_state(cfg, cfg.prm, model, [item.length for item in train_items],
                                  [item.input_ids for item in train_items])
-    shared_in = model if cfg.prm.share_prefixes else None
+    sharing = (None if cfg.prm.share_prefixes is False or scores_each_prefix(model)
+               else PrefixSharing(model, always=cfg.prm.share_prefixes is True))
 
     step = supervised_step(state, cfg.policy, train_items, lambda batch: prm_step(
         forward, rows(batch), cfg.policy.train_micro_batch_size, tokenizer.pad_token_id, cfg.policy.precision, device,
-        shared_in),
+        sharing),
         tokens=lambda item: item.length, shown={"loss": "loss", "acc": "step_acc"})
 
     # --- the loop, the last checkpoint, the export (rank 0) and plots
@@ -191,7 +204,7 @@ def train(cfg: PRMTree) -> RunResult:
         action=f"training {cfg.policy.model_name} as a process reward model",
         length=f"{steps} steps of {cfg.policy.train_global_batch_size} solutions", step=step,
         validate=(lambda at: run_validation(cfg, forward, tokenizer.pad_token_id, val, run.logger, at, rows,
-                                            shared_in))
+                                            sharing))
         if val else None,
         shown=SHOWN, tokenizer=tokenizer, items="solutions",
         export=lambda whole, folder: export_prm(whole, tokenizer, folder, cfg),

@@ -1,13 +1,14 @@
 """Sequences that share beginnings, each shared beginning computed once (`rmkit.models.prefix_tree`), equal the plain
 padded forward: a scalar head's value at every real position and every parameter's gradient, on tiny random Llama
-and Qwen2 classifiers, on the one-row CPU layout and with a row per tree; and the trie against a hand-built one."""
+and Qwen2 classifiers, on the one-row CPU layout and with a row per tree; the trie against a hand-built one; and
+`tree_pays`, the estimate that decides `prm.share_prefixes: auto`, against a count by hand."""
 
 import pytest
 import torch
 
 from rmkit.models import prefix_tree
 from rmkit.models.critic import TokenValues
-from rmkit.models.prefix_tree import tree_layout, tree_values
+from rmkit.models.prefix_tree import TREE_MARGIN, tree_layout, tree_pays, tree_values
 from rmkit.models.shared_prefix import ONE_ROW, PACKED
 from tests.support.tiny import random_decoder
 
@@ -62,7 +63,7 @@ def test_tree_values_equal_the_plain_forward_and_its_gradients(kind, layout, mon
     expected, mask = _plain(forward, sequences)
     weights = torch.randn(expected.shape, generator=torch.Generator().manual_seed(3)) * mask  # any loss over them
     expected_grads = torch.autograd.grad((expected * weights).sum(), list(model.parameters()))
-    got = tree_values(forward, model, sequences, PAD)
+    got = tree_values(forward, model, tree_layout(sequences), PAD)
     assert got.shape == expected.shape
     real = mask.bool()
     torch.testing.assert_close(got[real], expected[real], rtol=1e-5, atol=1e-5)
@@ -80,3 +81,24 @@ def test_the_cpu_runs_the_shared_tokens_once_in_one_row():
     assert len(layout.token_ids) == sum(map(len, sequences)) - layout.shared_tokens < sum(map(len, sequences)) / 2
     assert [(a, b) for a, b, _ in inputs["rmkit_groups"]] == layout.trees
     assert where.shape == (2, len(sequences), max(map(len, sequences)))
+
+
+def test_tree_pays_against_a_count_by_hand():
+    """The tiny Llama (hidden 32, 2 layers, 4 heads of 8, 2 key-value heads, MLP 64): per layer q and o 32x32, k and v
+    32x16, the MLP 3x32x64 and two norms; a final norm and the one-output head. Two sequences that share a beginning
+    of `m` tokens and go on for `t` more each: one tree of m + 2t tokens against two padded rows of m + t."""
+    model = random_decoder("llama", classifier=True, pad_token_id=PAD)
+    params = 2 * (2 * 32 * 32 + 2 * 32 * 16 + 3 * 32 * 64 + 2 * 32) + 32 + 32
+    per_token, per_pair = 2 * params, 4 * 32 * 2
+    for m, t in [(40, 2), (30, 10), (20, 20), (10, 30), (2, 40), (0, 40)]:
+        beginning = list(range(1, m + 1))
+        sequences = [beginning + [50] * t, beginning + [51] * t]
+        tree, width = (m + 2 * t, m + t) if m else (None, t)
+        trees = [tree] if m else [t, t]
+        cost = sum(n * (per_token + per_pair * n) for n in trees)
+        padded = 2 * width * (per_token + per_pair * width)
+        assert tree_pays(tree_layout(sequences), model) == (cost <= TREE_MARGIN * padded), (m, t)
+    shared = [list(range(1, 41)) + [50, 51], list(range(1, 41)) + [52]]
+    disjoint_tails = [[1] + [50] * 40, [1] + [51] * 40]  # a common first token (a template's) and nothing more
+    assert tree_pays(tree_layout(shared), model) and not tree_pays(tree_layout(disjoint_tails), model)
+    assert not tree_pays(tree_layout([[1, 2, 3], [4, 5, 6]]), model)  # nothing shared: the trees are the rows

@@ -20,8 +20,9 @@ from rmkit.inference import CONTRACT_FILE, STEP_FIELDS, load_scorer, read_contra
 from rmkit.models import load_reward_model
 from rmkit.models.critic import TokenValues
 from rmkit.models.step_values import step_values
+from rmkit.recipes import prm
 from rmkit.recipes.configs import PRMTree
-from rmkit.recipes.prm import collate, evaluate, prm_step, step_losses
+from rmkit.recipes.prm import PrefixSharing, collate, evaluate, prm_step, step_losses
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -127,7 +128,7 @@ def test_shared_prefixes_give_the_same_loss_and_gradients(tiny_reward_model):
             model, tokenizer = load_reward_model(tiny_reward_model, num_labels=1)
             items = tokenize_steps(branching, tokenizer, 512, "\n").items
             metrics = prm_step(TokenValues(model), items, micro, tokenizer.pad_token_id, "float32",
-                               torch.device("cpu"), shared_in=model if shared else None)
+                               torch.device("cpu"), sharing=PrefixSharing(model, always=True) if shared else None)
             results.append(([p.grad.clone() for p in model.parameters() if p.grad is not None],
                             metrics["loss"].item(), metrics["step_acc"].item()))
         torch.testing.assert_close(results[1][0], results[0][0], rtol=1e-4, atol=1e-6)
@@ -142,9 +143,39 @@ def test_shared_prefixes_validate_as_the_plain_forward(tiny_reward_model):
     items = tokenize_steps(_branching(), tokenizer, 512, "\n").items
     for micro in (2, 8):
         plain, shared = (evaluate(TokenValues(model), items, micro, tokenizer.pad_token_id, "float32",
-                                  torch.device("cpu"), shared_in=shared_in) for shared_in in (None, model))
+                                  torch.device("cpu"), sharing=sharing)
+                         for sharing in (None, PrefixSharing(model, always=True)))
         assert shared["num_steps"] == plain["num_steps"] == sum(len(i.labels) for i in items)
         assert shared["step_acc"] == plain["step_acc"] and shared["loss"] == pytest.approx(plain["loss"], rel=1e-5)
+
+
+def test_auto_sharing_takes_the_tree_only_where_it_pays(tiny_reward_model, monkeypatch):
+    """`prm.share_prefixes: auto`: the branching solutions (one problem, its steps shared) go through their prefix
+    tree; four solutions of as many problems, of about one length, through the padded rows (their trees would be
+    the same rows, with hardly any padding saved); the loss and accuracy are the plain forward's either way."""
+    apart = [StepSolution(f"c:{i}", problem, tuple(f"Step {k}: " + " ".join([word] * 12) + "." for k in range(3)),
+                          (True, True, i % 2 == 0))
+             for i, (problem, word) in enumerate([("Is 9 odd?", "nine"), ("Name a prime.", "seven"),
+                                                  ("Sum 1 to 4?", "ten"), ("What is 0!?", "one")])]
+    calls = []
+
+    def counted(*args):
+        calls.append(args[2])
+        return prefix_tree_values(*args)
+
+    prefix_tree_values = prm.tree_values
+    monkeypatch.setattr(prm, "tree_values", counted)
+    for solutions, through_trees in ((_branching(), True), (apart, False)):
+        torch.manual_seed(0)
+        model, tokenizer = load_reward_model(tiny_reward_model, num_labels=1)
+        items = tokenize_steps(solutions, tokenizer, 512, "\n").items
+        calls.clear()
+        auto, plain = (prm_step(TokenValues(model), items, len(items), tokenizer.pad_token_id, "float32",
+                                torch.device("cpu"), sharing=sharing)
+                       for sharing in (PrefixSharing(model, always=False), None))
+        assert bool(calls) == through_trees and all(layout.shared_tokens > 0 for layout in calls)
+        assert auto["loss"].item() == pytest.approx(plain["loss"].item(), rel=1e-5)
+        assert auto["step_acc"].item() == plain["step_acc"].item()
 
 
 def test_last_step_only_trains_one_step_per_solution(tiny):
@@ -218,6 +249,7 @@ def test_an_encoder_cannot_share_prefixes(tiny_encoder, tmp_path, capsys):
     train = write_jsonl(tmp_path / "train.jsonl", [stepwise(i) for i in range(4)])
     code, err = run_train(capsys, "prm.share_prefixes=true", *base_args(tiny_encoder, tmp_path, train))
     assert code == 2 and "prm.share_prefixes" in err and "encoder" in err and "Traceback" not in err
+    assert "auto or false" in err
 
 
 def test_an_encoder_trains_on_one_row_per_step(tiny_encoder):
