@@ -143,7 +143,7 @@ def _type_name(tp) -> str:
         kinds = [_type_name(a) for a in args if a is not type(None)]
         return " or ".join(kinds) + (" or null" if type(None) in args else "")
     if origin is typing.Literal:
-        return "one of " + ", ".join(f"`{a}`" for a in args)
+        return f"`{args[0]}`" if len(args) == 1 else "one of " + ", ".join(f"`{a}`" for a in args)
     if origin is list:
         return f"list of {_type_name(args[0])}"
     if origin is tuple:
