@@ -176,8 +176,9 @@ def train(cfg: PRMTree) -> RunResult:
 
     # --- model and data (tokenized once)
     model, tokenizer = load_model(cfg, device)
-    rows = prefix_rows if scores_each_prefix(model) else list  # an encoder: a row per step (rmkit.models.step_values)
-    if cfg.prm.share_prefixes is True and scores_each_prefix(model):
+    encoder = scores_each_prefix(model)
+    rows = prefix_rows if encoder else list  # an encoder: a row per step (rmkit.models.step_values)
+    if cfg.prm.share_prefixes is True and encoder:
         raise ConfigError("prm.share_prefixes", f"{cfg.policy.model_name} is an encoder: it reads each step as a row "
                           "of its own, with nothing computed once; set prm.share_prefixes to auto or false (or train "
                           "a decoder)")
@@ -191,7 +192,7 @@ def train(cfg: PRMTree) -> RunResult:
     # --- sampler, optimizer, schedule, state
     state, steps = sampled_state(cfg, cfg.prm, model, [item.length for item in train_items],
                                  [item.input_ids for item in train_items])
-    sharing = (None if cfg.prm.share_prefixes is False or scores_each_prefix(model)
+    sharing = (None if cfg.prm.share_prefixes is False or encoder
                else PrefixSharing(model, always=cfg.prm.share_prefixes is True))
 
     step = supervised_step(state, cfg.policy, train_items, lambda batch: prm_step(
