@@ -438,15 +438,29 @@ def test_quality_vs_trl_pref_study_clusters_by_prompt_and_reports_the_length_bas
     from benchmarks import merge_quality
 
     merged_out = tmp_path / "merge.json"
-    merge_quality.main(["--models", str(kept), "--variants", "rmkit", "--data-dir", str(data_dir), "--threads", "1",
+    # A --group names its members (WARM's members differ in hyperparameters): here the same two folders.
+    merge_quality.main(["--models", str(kept), "--variants", "rmkit", "--group", "both=rmkit-seed2+rmkit-seed1",
+                        "--data-dir", str(data_dir), "--threads", "1",
                         "--work-dir", str(tmp_path / "merges"), "--output", str(merged_out)])
-    merged = json.loads(merged_out.read_text())["variants"]["rmkit"]
-    assert merged["seeds"] == [1, 2] and len(merged["merge_record"]["models"]) == 2
+    payload = json.loads(merged_out.read_text())
+    merged = payload["variants"]["rmkit"]
+    assert merged["members"] == ["seed 1", "seed 2"] and len(merged["merge_record"]["models"]) == 2
     dev = merged["files"]["alpacaeval_dev.jsonl"]
     assert set(dev["accuracy"]) == {"seed 1", "seed 2", "merge", "ensemble"}
     assert dev["accuracy"]["seed 1"] == pytest.approx(
         json.loads(out.read_text())["summary"]["rmkit"]["alpacaeval_dev.jsonl"]["accuracy"][0])  # same scoring
-    assert dev["merge_vs_seeds_mean"]["clusters"] == 3 and dev["length_only"] == pytest.approx(0.6)
+    assert dev["merge_vs_members_mean"]["clusters"] == 3 and dev["length_only"] == pytest.approx(0.6)
+    group = payload["variants"]["both"]
+    assert group["members"] == ["rmkit-seed2", "rmkit-seed1"]
+    group_dev = group["files"]["alpacaeval_dev.jsonl"]
+    assert group_dev["accuracy"]["rmkit-seed1"] == dev["accuracy"]["seed 1"]
+    assert group_dev["accuracy"]["merge"] == dev["accuracy"]["merge"]  # the same two models, averaged equally
+    assert "| both | alpacaeval_dev |" in merge_quality.markdown_table(payload)
+    with pytest.raises(SystemExit, match="has no folder rmkit-seed9"):
+        merge_quality.main(["--models", str(kept), "--variants", "", "--group", "x=rmkit-seed1+rmkit-seed9",
+                            "--data-dir", str(data_dir), "--output", str(tmp_path / "m2.json")])
+    with pytest.raises(SystemExit, match="two or more folders"):
+        merge_quality.main(["--models", str(kept), "--group", "x=rmkit-seed1", "--output", str(tmp_path / "m3.json")])
     # A study with other training pairs cannot reuse this one's runs.
     with pytest.raises(SystemExit, match="--reuse"):
         quality_vs_trl.main(["--backbone", str(backbone), "--data-dir", str(data_dir), "--train-pairs", "8",
