@@ -339,21 +339,27 @@ def markdown_table(payload: dict) -> str:
     return table
 
 
-def compare(base: dict, other: dict) -> dict:
+def compare(base: dict, other: dict, across_draws: bool = False) -> dict:
     """Per variant in both studies and per file, `paired(other, base)` over their common seeds, clustered by prompt;
-    SystemExit when the two were not trained on one draw or scored on the same pairs."""
-    for key in ("split", "files", "pair_facts"):
+    SystemExit when the two were not trained on one draw or scored on the same pairs. `across_draws`: the training
+    draws may differ (more pairs, say), and each study's variant is its mean over all its own seeds."""
+    for key in ("files", "pair_facts") if across_draws else ("split", "files", "pair_facts"):
         if base[key] != other[key]:
             raise SystemExit(f"compare: the studies differ in {key!r}: compare studies of one training draw, scored "
-                             "on the same files")
+                             "on the same files (--across-draws allows other draws)")
     out = {}
     for label in [v for v in base["summary"] if v in other["summary"]]:
         mine = [r for r in other["runs"] if r["variant"] == label]
         theirs = [r for r in base["runs"] if r["variant"] == label]
-        seeds = sorted({r["seed"] for r in mine} & {r["seed"] for r in theirs})
-        out[label] = {"seeds": seeds, **{name: paired(_correct(mine, seeds, name), _correct(theirs, seeds, name),
-                                                      base["pair_facts"][name]["clusters"])
-                                         for name in base["files"]}}
+        if across_draws:
+            mine_seeds, their_seeds = sorted({r["seed"] for r in mine}), sorted({r["seed"] for r in theirs})
+            row = {"seeds": {"base": their_seeds, "other": mine_seeds}}
+        else:
+            mine_seeds = their_seeds = sorted({r["seed"] for r in mine} & {r["seed"] for r in theirs})
+            row = {"seeds": mine_seeds}
+        out[label] = {**row, **{name: paired(_correct(mine, mine_seeds, name), _correct(theirs, their_seeds, name),
+                                             base["pair_facts"][name]["clusters"])
+                                for name in base["files"]}}
     return {"base": base["setting"], "other": other["setting"], "files": base["files"], "variants": out}
 
 
@@ -361,17 +367,27 @@ def compare_main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="quality_vs_trl.py compare", description=compare.__doc__)
     parser.add_argument("base", type=Path)
     parser.add_argument("other", type=Path)
+    parser.add_argument("--across-draws", action="store_true",
+                        help="the studies may have other training draws (e.g. more pairs); each side averages all "
+                             "its seeds")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
-    result = compare(*(json.loads(p.read_text(encoding="utf-8")) for p in (args.base, args.other)))
+    result = compare(*(json.loads(p.read_text(encoding="utf-8")) for p in (args.base, args.other)),
+                     across_draws=args.across_draws)
     if args.output:
         common.write_json(args.output, result)
     files = result["files"]
     print(harness.markdown(["variant", "seeds"] + [f"{_short(f)}: other - base (SE)" for f in files],
-                           [[label, ",".join(map(str, row["seeds"]))]
+                           [[label, _seeds(row["seeds"])]
                             + [f"{row[f]['mean_difference']:+.1%} ({row[f]['standard_error']:.1%})" for f in files]
                             for label, row in result["variants"].items()]))
     return 0
+
+
+def _seeds(seeds: list[int] | dict[str, list[int]]) -> str:
+    if isinstance(seeds, dict):
+        return " against ".join(",".join(map(str, seeds[side])) for side in ("other", "base"))
+    return ",".join(map(str, seeds))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -292,6 +292,15 @@ def test_two_studies_compare_pair_by_pair_on_their_common_seeds():
     assert expected["mean_difference"] == pytest.approx(0.25)
     with pytest.raises(SystemExit, match="differ in 'split'"):
         compare(base, {**other, "split": {"seed": 8}})
+    # Across draws (a study on more pairs): each side is the mean over all its own seeds.
+    bigger = study({42: [1, 1, 1, 1]}, 512)
+    result = compare(base, {**bigger, "split": {"seed": 8}}, across_draws=True)
+    row = result["variants"]["rmkit"]
+    assert row["seeds"] == {"base": [1, 2, 3], "other": [42]}
+    assert row["dev.jsonl"] == paired([[1, 1, 1, 1]], [[1, 0, 0, 1], [1, 1, 0, 0], [0, 0, 0, 0]], [0, 0, 1, 1])
+    assert row["dev.jsonl"]["mean_difference"] == pytest.approx(1 - 4 / 12)
+    with pytest.raises(SystemExit, match="differ in 'pair_facts'"):
+        compare(base, {**bigger, "pair_facts": {}}, across_draws=True)
 
 
 def test_an_arm_of_overrides_is_compared_with_rmkits_default_pair_by_pair():
