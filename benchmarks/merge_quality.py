@@ -10,7 +10,7 @@ own, fp32). Per file: each model's accuracy; the merge's paired difference from 
 mean, and the ensemble's, with the standard error clustered by prompt (`quality_vs_trl.paired`).
 
     python benchmarks/merge_quality.py --models /work/demo/q256e1_models --variants rmkit,trl --max-length 256
-    python benchmarks/merge_quality.py --models /work/demo/lrs --variants "" --group lrs=lr2e-5-seed42+rmkit-seed42+lr1e-4-seed42
+    python benchmarks/merge_quality.py --models /work/demo/lrs_models --variants "" --group lrs=lr2e-5-seed42+rmkit-seed42+lr1e-4-seed42
 """
 
 from __future__ import annotations
@@ -47,6 +47,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     args.group = [_group(spec) for spec in args.group]
     if not args.variants and not args.group:
         parser.error("nothing to merge: give --variants or --group")
+    taken = set(args.variants)
+    for name, _ in args.group:
+        if name in taken:
+            raise SystemExit(f"--group {name}: the name is already a variant's or another group's; give each merge "
+                             "its own name")
+        taken.add(name)
     args.files = [f for f in args.files.split(",") if f]
     return args
 

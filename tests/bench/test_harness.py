@@ -470,6 +470,8 @@ def test_quality_vs_trl_pref_study_clusters_by_prompt_and_reports_the_length_bas
                             "--data-dir", str(data_dir), "--output", str(tmp_path / "m2.json")])
     with pytest.raises(SystemExit, match="two or more folders"):
         merge_quality.main(["--models", str(kept), "--group", "x=rmkit-seed1", "--output", str(tmp_path / "m3.json")])
+    with pytest.raises(SystemExit, match="already a variant's"):  # it would replace the variant's results
+        merge_quality.parse_args(["--models", str(kept), "--group", "rmkit=rmkit-seed1+rmkit-seed2"])
     # A study with other training pairs cannot reuse this one's runs.
     with pytest.raises(SystemExit, match="--reuse"):
         quality_vs_trl.main(["--backbone", str(backbone), "--data-dir", str(data_dir), "--train-pairs", "8",
