@@ -10,6 +10,10 @@ the pairs whose chosen reply is the longer one and the shorter one.
 
     python benchmarks/learning_curve.py --sizes 500,1000,2000,4000,8000,11066 --epochs 1
     python benchmarks/learning_curve.py --workload smollm2 --max-length 512 --sizes 500,1000 --micro-batch-size 4
+    python benchmarks/learning_curve.py --workload smollm2 --max-length 512 --device cuda --threads 8  # on a GPU
+
+`--device cuda` trains every point on the GPU (train_vs_trl.py's `--device`); the curve records it, and a point
+measured on one device is not reused for a curve on the other.
 
 `--reuse FILE` takes points already measured (the same size, seed and setting) from an earlier curve's JSON
 or .partial.jsonl, or from a quality_vs_trl.py study's results (its `rmkit` runs).
@@ -42,6 +46,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--micro-batch-size", type=int)
     parser.add_argument("--split-seed", type=int, default=20261123)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where each point trains")
     parser.add_argument("--data-dir", type=Path, default=common.DEFAULT_DATA_DIR)
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rmkit-curve"))
     parser.add_argument("--reuse", type=Path, action="append", default=[], help="earlier results (repeatable)")
@@ -56,7 +61,7 @@ def study_args(args: argparse.Namespace, size: int) -> argparse.Namespace:
     """quality_vs_trl.py's arguments for one point (its pref study, rmkit only)."""
     argv = ["--train-pairs", str(size), "--epochs", str(args.epochs), "--max-length", str(args.max_length),
             "--workload", args.workload, "--batch-size", str(args.batch_size), "--split-seed", str(args.split_seed),
-            "--threads", str(args.threads), "--data-dir", str(args.data_dir),
+            "--threads", str(args.threads), "--device", args.device, "--data-dir", str(args.data_dir),
             "--work-dir", str(args.work_dir / f"n{size}"), "--variants", "trl,rmkit",
             *(["--micro-batch-size", str(args.micro_batch_size)] if args.micro_batch_size else []),
             *(["--backbone", str(args.backbone)] if args.backbone else [])]
@@ -145,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     files = list(quality_vs_trl.PREF_FILES)
     facts = {name: quality_vs_trl.pair_facts(quality_vs_trl.pref_file(args.data_dir, name)) for name in files}
     setting = {"workload": str(args.backbone or args.workload), "max_length": args.max_length,
-               "epochs": args.epochs, "batch_size": args.batch_size, "split_seed": args.split_seed}
+               "epochs": args.epochs, "batch_size": args.batch_size, "split_seed": args.split_seed,
+               **({"device": args.device} if args.device != "cpu" else {})}
     points, every_run = [], []
     for size in args.sizes:
         study = study_args(args, size)
@@ -153,7 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         runs, prepared = [], {}
         for seed in args.seeds:
             run = earlier.get((size, seed))
-            if run is not None and any(run["setting"].get(k) != v for k, v in setting.items()):
+            if run is not None and (any(run["setting"].get(k) != v for k, v in setting.items())
+                                    or run["setting"].get("device", "cpu") != args.device):
                 run = None  # measured under another setting
             if run is None:
                 run = quality_vs_trl.one_run(study, train_path, eval_dir, files, seed, RMKIT, prepared)

@@ -90,6 +90,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--micro-batch-size", type=int, help="pairs per forward/backward (default: --batch-size)")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="where both trainers run (train_vs_trl.py's --device); a study records cuda")
     parser.add_argument("--work-dir", type=Path, default=Path("/tmp/rmkit-quality"))
     parser.add_argument("--keep-models", type=Path, help="keep each run's model as DIR/<variant>-seed<S>")
     parser.add_argument("--reuse", type=Path, action="append", default=[],
@@ -194,7 +196,7 @@ def train_vs_trl_args(args, train_path: Path, eval_dir: Path, files: list[str], 
     argv = ["--train-file", str(train_path), "--eval-dir", str(eval_dir), "--eval-files", ",".join(files),
             "--workload", args.workload, "--max-length", str(args.max_length),
             "--epochs", str(args.epochs), "--seed", str(seed), "--precision", "fp32", "--sides", side,
-            "--batch-size", str(args.batch_size), "--threads", str(args.threads),
+            "--batch-size", str(args.batch_size), "--threads", str(args.threads), "--device", args.device,
             "--pairs", str(10**9), "--eval-pairs", str(10**9),  # every pair, whatever the workload's defaults
             "--work-dir", str(args.work_dir / f"seed-{seed}"),
             *(["--micro-batch-size", str(args.micro_batch_size)] if args.micro_batch_size else []),
@@ -406,7 +408,8 @@ def main(argv: list[str] | None = None) -> int:
     setting = {"study": args.study, "workload": str(args.backbone or args.workload), "max_length": args.max_length,
                "epochs": args.epochs, "batch_size": args.batch_size, "split_seed": args.split_seed,
                "train_pairs": sum(1 for _ in train_path.open(encoding="utf-8")),
-               **({"head_seed": args.head_seed} if args.head_seed is not None else {})}
+               **({"head_seed": args.head_seed} if args.head_seed is not None else {}),
+               **({"device": args.device} if args.device != "cpu" else {})}
     runs = []
     earlier = reusable_runs(args.reuse, files, setting)  # read first: --reuse may name this study's own partial file
     partial = args.output.with_suffix(".partial.jsonl")  # one line per finished run: a long study survives a kill

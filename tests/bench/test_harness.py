@@ -272,6 +272,20 @@ def test_every_workload_trains_and_scores_every_pair(tmp_path):
         assert run.workload == workload and run.pairs >= 11066 and run.eval_pairs >= 11066
 
 
+def test_the_device_reaches_every_run_and_is_recorded_off_the_cpu(tmp_path):
+    """`--device cuda` on a study or a curve reaches train_vs_trl.py's run (a CPU curve does not reuse a GPU curve's
+    points: test_learning_curve_nested_points_and_the_png)."""
+    from benchmarks import learning_curve
+    from benchmarks.quality_vs_trl import parse_args, train_vs_trl_args
+
+    for device in ("cpu", "cuda"):
+        study = parse_args(["--device", device, "--work-dir", str(tmp_path)])
+        run = train_vs_trl_args(study, tmp_path / "train.jsonl", tmp_path, ["dev.jsonl"], 1, ("rmkit", "rmkit", []))
+        assert run.device == device
+        curve = learning_curve.parse_args(["--device", device, "--work-dir", str(tmp_path)])
+        assert learning_curve.study_args(curve, 500).device == device
+
+
 def test_two_studies_compare_pair_by_pair_on_their_common_seeds():
     """`compare`: OTHER minus BASE per variant and file, over the seeds both hold, clustered by prompt; studies of
     different draws are refused."""
@@ -509,3 +523,8 @@ def test_learning_curve_nested_points_and_the_png(tmp_path):
     runs = [json.loads(line) for line in again.with_suffix(".partial.jsonl").read_text().splitlines()]
     assert [r["reused_from"] for r in runs] == [str(out), str(out)]
     assert json.loads(again.read_text())["points"][0]["alpacaeval_dev.jsonl"] == dev
+    on_gpu = tmp_path / "on_gpu.partial.jsonl"  # the same runs, as a GPU curve records them
+    on_gpu.write_text("".join(json.dumps({**r, "setting": {**r["setting"], "device": "cuda"}}) + "\n" for r in runs))
+    third = tmp_path / "third.json"
+    learning_curve.main([*common_args, "--sizes", "8", "--reuse", str(on_gpu), "--output", str(third)])
+    assert "reused_from" not in json.loads(third.with_suffix(".partial.jsonl").read_text())
