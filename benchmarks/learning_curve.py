@@ -159,8 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         runs, prepared = [], {}
         for seed in args.seeds:
             run = earlier.get((size, seed))
-            if run is not None and (any(run["setting"].get(k) != v for k, v in setting.items())
-                                    or run["setting"].get("device", "cpu") != args.device):
+            measured_under = {"device": "cpu", **run["setting"]} if run is not None else {}  # CPU runs record none
+            if run is not None and any(measured_under.get(k) != v for k, v in {"device": args.device, **setting}.items()):
                 run = None  # measured under another setting
             if run is None:
                 run = quality_vs_trl.one_run(study, train_path, eval_dir, files, seed, RMKIT, prepared)

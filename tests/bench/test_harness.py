@@ -272,7 +272,7 @@ def test_every_workload_trains_and_scores_every_pair(tmp_path):
         assert run.workload == workload and run.pairs >= 11066 and run.eval_pairs >= 11066
 
 
-def test_the_device_reaches_every_run_and_is_recorded_off_the_cpu(tmp_path):
+def test_the_device_reaches_every_run(tmp_path):
     """`--device cuda` on a study or a curve reaches train_vs_trl.py's run (a CPU curve does not reuse a GPU curve's
     points: test_learning_curve_nested_points_and_the_png)."""
     from benchmarks import learning_curve
